@@ -1,0 +1,48 @@
+//! `cycles`: the budget authority in one binary.
+
+mod admin;
+mod client;
+mod quickstart;
+mod serve;
+mod verify;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cycles",
+    version,
+    about = "Cycles: a budget authority for AI agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the server (runtime and admin planes on one listener).
+    Serve(serve::ServeArgs),
+    /// Provision tenants, API keys and budgets on a running server.
+    Admin(admin::AdminArgs),
+    /// Create a demo tenant, key and budget on a running server and print how to use them.
+    Quickstart(client::Target),
+    /// Check a data directory offline: recover it read-only and verify every ledger rule.
+    Verify {
+        /// The data directory to check.
+        #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
+        data_dir: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Serve(args) => serve::run(args),
+        Cmd::Admin(args) => admin::run(args),
+        Cmd::Quickstart(target) => quickstart::run(target),
+        Cmd::Verify { data_dir } => verify::run(&data_dir),
+    }
+}

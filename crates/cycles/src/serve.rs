@@ -1,0 +1,169 @@
+//! `cycles serve`.
+
+use std::fs;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use server::{BoundServer, ServerOptions};
+use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
+use store::SystemClock;
+
+/// The file in the data directory that keeps a generated admin key.
+pub const ADMIN_KEY_FILE: &str = "admin.key";
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DurabilityArg {
+    /// fdatasync before every reply (default).
+    Strict,
+    /// Memory only: nothing survives a restart. For tests and measuring the floor.
+    None,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on (every plane).
+    #[arg(long, env = "CYCLES_LISTEN", default_value = "127.0.0.1:7878")]
+    listen: SocketAddr,
+    /// Where the journal, snapshots and the generated admin key live.
+    #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
+    data_dir: PathBuf,
+    /// The admin key (X-Admin-API-Key). If unset, one is generated on first start, stored in
+    /// the data directory and printed once.
+    #[arg(long, env = "CYCLES_ADMIN_API_KEY", hide_env_values = true)]
+    admin_api_key: Option<String>,
+    /// When a write is acknowledged.
+    #[arg(long, env = "CYCLES_DURABILITY", value_enum, default_value = "strict")]
+    durability: DurabilityArg,
+    /// How often lapsed reservations are expired and old records evicted, in milliseconds.
+    #[arg(long, env = "CYCLES_SWEEP_INTERVAL_MS", default_value_t = 1_000)]
+    sweep_interval_ms: u64,
+    /// Journal size (MiB) after which a snapshot is written and older journal dropped.
+    #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_MIB", default_value_t = 256)]
+    snapshot_after_mib: u64,
+    /// Log filter (e.g. info, debug, server=debug).
+    #[arg(long, env = "CYCLES_LOG", default_value = "info")]
+    log: String,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let durability = match args.durability {
+        DurabilityArg::Strict => Durability::Strict,
+        DurabilityArg::None => Durability::None,
+    };
+    let (admin_api_key, admin_key_note) = admin_key(&args.data_dir, args.admin_api_key)?;
+    let mut config = EmbeddedConfig::new(&args.data_dir, durability, Arc::new(SystemClock));
+    config.snapshot_after_bytes = args.snapshot_after_mib.max(1) << 20;
+    let (store, report) = EmbeddedStore::open(config)
+        .with_context(|| format!("opening data directory {}", args.data_dir.display()))?;
+    tracing::info!(
+        durability = durability.as_str(),
+        snapshot_seq = ?report.snapshot_seq,
+        replayed = report.records_replayed,
+        truncated_bytes = report.truncated_bytes,
+        reservations = report.reservations,
+        "store recovered"
+    );
+    let options = ServerOptions {
+        listen: args.listen,
+        admin_api_key,
+        sweep_interval: Duration::from_millis(args.sweep_interval_ms.max(10)),
+    };
+    let bound = BoundServer::bind(Arc::new(store), options)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = bound.local_addr()?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "Cycles is listening on http://{addr} (storage: embedded, {} durability, data in {})",
+        durability.as_str(),
+        args.data_dir.display()
+    )?;
+    writeln!(out, "{admin_key_note}")?;
+    writeln!(
+        out,
+        "Get a tenant API key:  cycles quickstart --url http://{addr}"
+    )?;
+    drop(out);
+    bound.run(shutdown_signal()).await?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// The admin key: given, or stored in the data directory, or generated (and stored).
+fn admin_key(data_dir: &Path, given: Option<String>) -> anyhow::Result<(String, String)> {
+    if let Some(key) = given.filter(|k| !k.trim().is_empty()) {
+        return Ok((
+            key,
+            "Admin key: from CYCLES_ADMIN_API_KEY / --admin-api-key".into(),
+        ));
+    }
+    let path = data_dir.join(ADMIN_KEY_FILE);
+    if let Ok(key) = fs::read_to_string(&path) {
+        let key = key.trim().to_string();
+        if !key.is_empty() {
+            return Ok((key, format!("Admin key: stored in {}", path.display())));
+        }
+    }
+    fs::create_dir_all(data_dir)?;
+    let key = format!(
+        "cyc_admin_{}",
+        server::new_key_secret().trim_start_matches("cyc_live_")
+    );
+    write_private(&path, &key).with_context(|| format!("writing {}", path.display()))?;
+    Ok((
+        key.clone(),
+        format!(
+            "Generated an admin key (shown once; kept in {}):\n  X-Admin-API-Key: {key}",
+            path.display()
+        ),
+    ))
+}
+
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

@@ -1,0 +1,100 @@
+//! Resolving actors to principals, and the permission and tenancy checks.
+
+use crate::{Actor, ApiKeyStatus, Permission, Principal, Rejection, Tenant};
+
+use super::Tx;
+
+/// A tenant-key caller, resolved.
+pub(crate) struct Caller {
+    pub tenant_id: String,
+}
+
+impl Tx<'_> {
+    /// Resolves an actor. The admin key was verified by the server; a tenant key must exist,
+    /// be ACTIVE and unexpired, and belong to an existing tenant.
+    pub(crate) fn authenticate(&mut self, actor: &Actor) -> Result<Principal, Rejection> {
+        let digest = match actor {
+            Actor::Admin => return Ok(Principal::Admin),
+            Actor::ApiKey(digest) => digest,
+        };
+        let key = self
+            .state
+            .key_by_digest
+            .get(digest)
+            .and_then(|id| self.state.api_keys.get(id))
+            .ok_or_else(|| Rejection::Unauthorized("Invalid API key".into()))?;
+        match key.effective_status(self.now) {
+            ApiKeyStatus::Active => {}
+            ApiKeyStatus::Revoked => {
+                return Err(Rejection::Unauthorized("API key has been revoked".into()))
+            }
+            ApiKeyStatus::Expired => {
+                return Err(Rejection::Unauthorized("API key has expired".into()))
+            }
+        }
+        if !self.state.tenants.contains_key(&key.tenant_id) {
+            return Err(Rejection::Unauthorized(
+                "API key belongs to an unknown tenant".into(),
+            ));
+        }
+        self.tenant = Some(key.tenant_id.clone());
+        Ok(Principal::Tenant {
+            tenant_id: key.tenant_id.clone(),
+            key_id: key.key_id.clone(),
+            permissions: key.permissions.clone(),
+        })
+    }
+
+    /// A tenant-key caller holding `permission`. The admin key is refused: these operations
+    /// act as a tenant and the admin key has none.
+    pub(crate) fn tenant_caller(
+        &mut self,
+        actor: &Actor,
+        permission: Permission,
+    ) -> Result<Caller, Rejection> {
+        match self.authenticate(actor)? {
+            Principal::Admin => Err(Rejection::Unauthorized(
+                "This operation requires a tenant API key (X-Cycles-API-Key)".into(),
+            )),
+            Principal::Tenant {
+                tenant_id,
+                permissions,
+                ..
+            } => {
+                if permission.granted_by(&permissions) {
+                    Ok(Caller { tenant_id })
+                } else {
+                    Err(Rejection::InsufficientPermissions(permission))
+                }
+            }
+        }
+    }
+
+    /// The admin, or a tenant-key caller holding `permission`. `None` means the admin.
+    pub(crate) fn admin_or_tenant(
+        &mut self,
+        actor: &Actor,
+        permission: Permission,
+    ) -> Result<Option<Caller>, Rejection> {
+        match actor {
+            Actor::Admin => Ok(None),
+            Actor::ApiKey(_) => self.tenant_caller(actor, permission).map(Some),
+        }
+    }
+
+    pub(crate) fn require_admin(&mut self, actor: &Actor) -> Result<(), Rejection> {
+        match actor {
+            Actor::Admin => Ok(()),
+            Actor::ApiKey(_) => Err(Rejection::Unauthorized(
+                "This operation requires the admin key (X-Admin-API-Key)".into(),
+            )),
+        }
+    }
+
+    pub(crate) fn existing_tenant(&self, tenant_id: &str) -> Result<&Tenant, Rejection> {
+        self.state
+            .tenants
+            .get(tenant_id)
+            .ok_or_else(|| Rejection::TenantNotFound(tenant_id.to_string()))
+    }
+}

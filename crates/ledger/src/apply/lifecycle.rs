@@ -1,0 +1,279 @@
+//! Settling reservations: commit, release, extend, expire, and reading one.
+
+use crate::{
+    settle_commit, state::TERMINAL_RETENTION_MS, Actor, Balance, Budget, CommitCmd, CommitResult,
+    Effect, Endpoint, ExtendCmd, ExtendResult, IdemKey, Outcome, Permission, Rejection, ReleaseCmd,
+    ReleaseResult, Reservation, ReservationStatus, StoredOutcome, TenantStatus,
+};
+
+use super::{Tx, DAY_MS};
+
+impl Tx<'_> {
+    /// The reservation, if it exists and the caller may act on it (`None` caller = admin).
+    fn owned_reservation(
+        &self,
+        id: &str,
+        caller_tenant: Option<&str>,
+    ) -> Result<Reservation, Rejection> {
+        let r = self
+            .state
+            .reservations
+            .get(id)
+            .ok_or_else(|| Rejection::NotFound(format!("Reservation not found: {id}")))?;
+        match caller_tenant {
+            Some(t) if t != r.tenant_id => Err(Rejection::Forbidden(format!(
+                "Reservation {id} belongs to another tenant"
+            ))),
+            _ => Ok(r.clone()),
+        }
+    }
+
+    /// The checks shared by commit, release and extend after replay detection: the owning
+    /// tenant must not be CLOSED (this beats the reservation's own state), and the
+    /// reservation must still be ACTIVE.
+    fn settleable(&self, r: &Reservation) -> Result<(), Rejection> {
+        if self
+            .state
+            .tenants
+            .get(&r.tenant_id)
+            .is_some_and(|t| t.status == TenantStatus::Closed)
+        {
+            return Err(Rejection::TenantClosed(r.tenant_id.clone()));
+        }
+        match r.status {
+            ReservationStatus::Active => Ok(()),
+            ReservationStatus::Expired => {
+                Err(Rejection::ReservationExpired(r.reservation_id.clone()))
+            }
+            status @ (ReservationStatus::Committed | ReservationStatus::Released) => {
+                Err(Rejection::ReservationFinalized {
+                    id: r.reservation_id.clone(),
+                    status: status.as_str(),
+                })
+            }
+        }
+    }
+
+    /// The budgets a reservation holds on. They cannot disappear (budgets are never deleted),
+    /// so a missing one means the state is corrupt.
+    fn held_budgets(&self, r: &Reservation) -> Result<Vec<Budget>, Rejection> {
+        let budgets = self.budgets_for(&r.budgeted_scopes, r.unit);
+        if budgets.len() != r.budgeted_scopes.len() {
+            return Err(Rejection::Internal(format!(
+                "reservation {} holds on a budget that does not exist",
+                r.reservation_id
+            )));
+        }
+        Ok(budgets)
+    }
+
+    /// Expires an ACTIVE reservation: its hold returns to every budget it was taken from.
+    pub(crate) fn expire(&mut self, r: &Reservation) -> Result<(), Rejection> {
+        let mut budgets = self.held_budgets(r)?;
+        for b in &mut budgets {
+            b.unhold(r.estimate)?;
+        }
+        self.put_budgets(budgets)?;
+        let mut expired = r.clone();
+        expired.status = ReservationStatus::Expired;
+        expired.expired_at_ms = Some(self.now);
+        self.put(Effect::PutReservation(Box::new(expired)));
+        Ok(())
+    }
+
+    /// Refuses a settlement past the grace period, recording the expiry it discovered.
+    fn refuse_if_lapsed(&mut self, r: &Reservation) -> Result<(), Rejection> {
+        if self.now > r.settle_deadline() {
+            self.expire(r)?;
+            return Err(Rejection::ReservationExpired(r.reservation_id.clone()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn commit(&mut self, cmd: CommitCmd) -> Result<Outcome, Rejection> {
+        let caller = self.tenant_caller(&cmd.actor, Permission::ReservationsCommit)?;
+        let r = self.owned_reservation(&cmd.reservation_id, Some(&caller.tenant_id))?;
+        let idem_key = IdemKey {
+            tenant_id: caller.tenant_id,
+            endpoint: Endpoint::Commit(r.reservation_id.clone()),
+            key: cmd.idem.key.clone(),
+        };
+        if let Some(stored) = self.replay(&idem_key, &cmd.idem.fingerprint)? {
+            let StoredOutcome::Commit(result) = stored else {
+                return Err(Rejection::IdempotencyMismatch);
+            };
+            return Ok(Outcome::Committed {
+                result,
+                replayed: true,
+            });
+        }
+        self.settleable(&r)?;
+        if cmd.unit != r.unit {
+            return Err(Rejection::UnitMismatch {
+                message: format!(
+                    "Commit unit {} does not match the reservation's unit {}",
+                    cmd.unit.as_str(),
+                    r.unit.as_str()
+                ),
+                scope: None,
+                requested: cmd.unit,
+                expected: vec![r.unit],
+            });
+        }
+        self.refuse_if_lapsed(&r)?;
+        let charge = settle_commit(
+            &self.held_budgets(&r)?,
+            r.estimate,
+            cmd.actual,
+            r.overage_policy,
+        )?;
+        let result = CommitResult {
+            unit: r.unit,
+            charged: charge.charged,
+            released: (charge.charged < r.estimate).then(|| r.estimate - charge.charged),
+            balances: charge.budgets.iter().map(Balance::from).collect(),
+        };
+        self.put_budgets(charge.budgets)?;
+        let mut committed = r;
+        committed.status = ReservationStatus::Committed;
+        committed.charged = Some(charge.charged);
+        committed.finalized_at_ms = Some(self.now);
+        committed.committed_metadata = cmd.metadata;
+        self.put(Effect::PutReservation(Box::new(committed)));
+        self.remember(
+            idem_key,
+            cmd.idem.fingerprint,
+            StoredOutcome::Commit(result.clone()),
+            TERMINAL_RETENTION_MS,
+        );
+        Ok(Outcome::Committed {
+            result,
+            replayed: false,
+        })
+    }
+
+    pub(crate) fn release(&mut self, cmd: ReleaseCmd) -> Result<Outcome, Rejection> {
+        let caller = self.admin_or_tenant(&cmd.actor, Permission::ReservationsRelease)?;
+        let r = self.owned_reservation(
+            &cmd.reservation_id,
+            caller.as_ref().map(|c| c.tenant_id.as_str()),
+        )?;
+        let idem_key = IdemKey {
+            tenant_id: r.tenant_id.clone(),
+            endpoint: Endpoint::Release(r.reservation_id.clone()),
+            key: cmd.idem.key.clone(),
+        };
+        if let Some(stored) = self.replay(&idem_key, &cmd.idem.fingerprint)? {
+            let StoredOutcome::Release(result) = stored else {
+                return Err(Rejection::IdempotencyMismatch);
+            };
+            return Ok(Outcome::Released {
+                result,
+                replayed: true,
+            });
+        }
+        self.settleable(&r)?;
+        self.refuse_if_lapsed(&r)?;
+        let mut budgets = self.held_budgets(&r)?;
+        for b in &mut budgets {
+            b.unhold(r.estimate)?;
+        }
+        let result = ReleaseResult {
+            unit: r.unit,
+            released: r.estimate,
+            balances: budgets.iter().map(Balance::from).collect(),
+        };
+        self.put_budgets(budgets)?;
+        let mut released = r;
+        released.status = ReservationStatus::Released;
+        released.finalized_at_ms = Some(self.now);
+        released.release_reason = cmd.reason;
+        self.put(Effect::PutReservation(Box::new(released)));
+        self.remember(
+            idem_key,
+            cmd.idem.fingerprint,
+            StoredOutcome::Release(result.clone()),
+            TERMINAL_RETENTION_MS,
+        );
+        Ok(Outcome::Released {
+            result,
+            replayed: false,
+        })
+    }
+
+    pub(crate) fn extend(&mut self, cmd: ExtendCmd) -> Result<Outcome, Rejection> {
+        let caller = self.tenant_caller(&cmd.actor, Permission::ReservationsExtend)?;
+        let r = self.owned_reservation(&cmd.reservation_id, Some(&caller.tenant_id))?;
+        let idem_key = IdemKey {
+            tenant_id: caller.tenant_id,
+            endpoint: Endpoint::Extend(r.reservation_id.clone()),
+            key: cmd.idem.key.clone(),
+        };
+        if let Some(stored) = self.replay(&idem_key, &cmd.idem.fingerprint)? {
+            let StoredOutcome::Extend(result) = stored else {
+                return Err(Rejection::IdempotencyMismatch);
+            };
+            let remaining_ttl_ms = r.remaining_ttl_ms(result.expires_at_ms, self.now);
+            return Ok(Outcome::Extended {
+                result,
+                remaining_ttl_ms,
+                replayed: true,
+            });
+        }
+        self.settleable(&r)?;
+        self.refuse_if_lapsed(&r)?;
+        if self.now > r.expires_at_ms {
+            // Within grace a commit or release is still accepted, but the lease is over.
+            return Err(Rejection::ReservationExpired(r.reservation_id.clone()));
+        }
+        if r.extension_count >= r.max_extensions {
+            return Err(Rejection::MaxExtensionsExceeded {
+                id: r.reservation_id.clone(),
+                max: r.max_extensions,
+            });
+        }
+        let max_ttl = self.existing_tenant(&r.tenant_id)?.max_reservation_ttl_ms;
+        // The lease grows from the current expiry, but never further than the tenant's
+        // maximum TTL from now (and never shrinks).
+        let expires_at_ms = r
+            .expires_at_ms
+            .saturating_add(cmd.extend_by_ms)
+            .min(self.now.saturating_add(max_ttl))
+            .max(r.expires_at_ms);
+        let result = ExtendResult {
+            expires_at_ms,
+            balances: self.held_budgets(&r)?.iter().map(Balance::from).collect(),
+        };
+        let mut extended = r;
+        extended.expires_at_ms = expires_at_ms;
+        extended.extension_count += 1;
+        let retention = (extended.settle_deadline() - self.now).max(DAY_MS);
+        let remaining_ttl_ms = extended.remaining_ttl_ms(expires_at_ms, self.now);
+        self.put(Effect::PutReservation(Box::new(extended)));
+        self.remember(
+            idem_key,
+            cmd.idem.fingerprint,
+            StoredOutcome::Extend(result.clone()),
+            retention,
+        );
+        Ok(Outcome::Extended {
+            result,
+            remaining_ttl_ms,
+            replayed: false,
+        })
+    }
+
+    pub(crate) fn get_reservation(
+        &mut self,
+        actor: &Actor,
+        id: &str,
+    ) -> Result<Outcome, Rejection> {
+        let caller = self.admin_or_tenant(actor, Permission::ReservationsList)?;
+        let mut r = self.owned_reservation(id, caller.as_ref().map(|c| c.tenant_id.as_str()))?;
+        r.status = r.effective_status(self.now);
+        if r.status == ReservationStatus::Expired {
+            return Err(Rejection::ReservationExpired(id.to_string()));
+        }
+        Ok(Outcome::Reservation(Box::new(r)))
+    }
+}

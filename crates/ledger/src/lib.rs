@@ -1,0 +1,39 @@
+//! The Cycles domain and its rules.
+//!
+//! Everything here is pure: no I/O, no clock, no randomness. Time and identifiers arrive in
+//! the [`Command`]s, and [`apply`] is deterministic — the same [`State`] and command always
+//! give the same [`Applied`] result, bit for bit. Every change to the state is expressed as a
+//! list of [`Effect`]s, and [`State::apply_effect`] is the only code that mutates it, both live
+//! and when a journal is replayed.
+
+mod amount;
+mod apikey;
+mod apply;
+mod budget;
+mod command;
+mod error;
+mod idempotency;
+mod outcome;
+mod reservation;
+mod scope;
+mod state;
+pub mod tenant;
+
+pub use amount::{checked_add, checked_sub, Amount, Unit};
+pub use apikey::{ApiKey, ApiKeyStatus, Permission};
+pub use apply::{apply, Applied};
+pub use budget::{
+    admission_refusal, charge_amount, fund, settle_commit, Budget, BudgetKey, BudgetStatus, Charge,
+    FundingOp, OveragePolicy, Refusal, RolloverPolicy,
+};
+pub use command::*;
+pub use error::Rejection;
+pub use idempotency::{Endpoint, IdemKey, IdemRecord};
+pub use outcome::*;
+pub use reservation::{Action, Reservation, ReservationStatus};
+pub use scope::{derive_scopes, has_segment, leaf_segment, scope_tenant, Subject, SCOPE_LEVELS};
+pub use state::{Effect, SnapshotData, State, Violation, TERMINAL_RETENTION_MS};
+pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
+
+/// Milliseconds since the Unix epoch, as given by the engine's clock.
+pub type Millis = i64;

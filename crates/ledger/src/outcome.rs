@@ -1,0 +1,186 @@
+//! Outcomes: what a command produced. The results that idempotency replays are stored
+//! verbatim ([`StoredOutcome`]); volatile values (`remaining_ttl_ms`) sit beside them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiKey, Budget, FundingOp, Millis, Principal, Reservation, Tenant, Unit};
+
+/// A point-in-time copy of one ledger, as returned in `balances` arrays.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Balance {
+    pub scope: String,
+    pub unit: Unit,
+    pub allocated: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+    pub spent: i64,
+    pub debt: i64,
+    pub overdraft_limit: i64,
+    pub is_over_limit: bool,
+}
+
+impl From<&Budget> for Balance {
+    fn from(b: &Budget) -> Self {
+        Balance {
+            scope: b.scope.clone(),
+            unit: b.unit,
+            allocated: b.allocated,
+            remaining: b.remaining,
+            reserved: b.reserved,
+            spent: b.spent,
+            debt: b.debt,
+            overdraft_limit: b.overdraft_limit,
+            is_over_limit: b.is_over_limit,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    Allow,
+    AllowWithCaps,
+    Deny,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "ALLOW",
+            Decision::AllowWithCaps => "ALLOW_WITH_CAPS",
+            Decision::Deny => "DENY",
+        }
+    }
+}
+
+/// A reserve (live or dry run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReserveResult {
+    pub decision: Decision,
+    /// Set on a live reservation only.
+    pub reservation_id: Option<String>,
+    /// Set on a live reservation only.
+    pub expires_at_ms: Option<Millis>,
+    /// The reserved (or, on a dry-run ALLOW, the would-be reserved) amount.
+    pub reserved: Option<(Unit, i64)>,
+    pub scope_path: String,
+    pub affected_scopes: Vec<String>,
+    pub balances: Vec<Balance>,
+    /// Set on a dry-run DENY.
+    pub reason_code: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitResult {
+    pub unit: Unit,
+    pub charged: i64,
+    /// `estimate − charged` when positive.
+    pub released: Option<i64>,
+    pub balances: Vec<Balance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseResult {
+    pub unit: Unit,
+    pub released: i64,
+    pub balances: Vec<Balance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtendResult {
+    pub expires_at_ms: Millis,
+    pub balances: Vec<Balance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecideResult {
+    pub decision: Decision,
+    pub reason_code: Option<String>,
+    pub affected_scopes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventResult {
+    pub event_id: String,
+    pub unit: Unit,
+    /// Set when the policy capped the charge below the actual amount.
+    pub charged: Option<i64>,
+    pub balances: Vec<Balance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FundResult {
+    pub operation: FundingOp,
+    pub unit: Unit,
+    pub previous: Balance,
+    pub new: Balance,
+    pub timestamp_ms: Millis,
+}
+
+/// What an idempotency record replays.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StoredOutcome {
+    Reserve(ReserveResult),
+    Commit(CommitResult),
+    Release(ReleaseResult),
+    Extend(ExtendResult),
+    Decide(DecideResult),
+    Event(EventResult),
+    Fund(FundResult),
+}
+
+/// A successful command's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Authenticated(Principal),
+    Reserved {
+        result: ReserveResult,
+        /// Recomputed on every reply, replays included.
+        remaining_ttl_ms: Option<i64>,
+        replayed: bool,
+    },
+    Committed {
+        result: CommitResult,
+        replayed: bool,
+    },
+    Released {
+        result: ReleaseResult,
+        replayed: bool,
+    },
+    Extended {
+        result: ExtendResult,
+        remaining_ttl_ms: i64,
+        replayed: bool,
+    },
+    Decided {
+        result: DecideResult,
+        replayed: bool,
+    },
+    EventApplied {
+        result: EventResult,
+        replayed: bool,
+    },
+    /// A reservation as of now (its status already reflects a lapsed grace period).
+    Reservation(Box<Reservation>),
+    Balances {
+        budgets: Vec<Budget>,
+        has_more: bool,
+    },
+    Tenant {
+        tenant: Tenant,
+        created: bool,
+    },
+    ApiKey(ApiKey),
+    Budget(Budget),
+    Budgets {
+        budgets: Vec<Budget>,
+        has_more: bool,
+    },
+    Funded {
+        result: FundResult,
+        replayed: bool,
+    },
+    Maintained {
+        expired: usize,
+        evicted: usize,
+    },
+}

@@ -1,0 +1,266 @@
+//! The state and the only code that changes it: [`State::apply_effect`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Reservation, ReservationStatus, Tenant,
+};
+
+/// How long a settled or expired reservation stays readable (and its commit/release
+/// idempotency records replayable) before it is evicted.
+pub const TERMINAL_RETENTION_MS: Millis = 30 * 24 * 3_600_000;
+
+/// One change to the state. Journals record effects, not commands, so replaying them does
+/// not depend on decision logic that may change between versions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Effect {
+    PutTenant(Tenant),
+    PutApiKey(ApiKey),
+    PutBudget(Budget),
+    PutReservation(Box<Reservation>),
+    PutIdempotency(IdemKey, Box<IdemRecord>),
+    RemoveReservation(String),
+    RemoveIdempotency(IdemKey),
+}
+
+/// Something that is due for eviction at a time.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Evictable {
+    Reservation(String),
+    Idempotency(IdemKey),
+}
+
+/// All tenants, keys, budgets, reservations and idempotency records, plus the ordered
+/// indexes the state machine keeps for expiry, retention and listing.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    pub(crate) tenants: BTreeMap<String, Tenant>,
+    pub(crate) api_keys: BTreeMap<String, ApiKey>,
+    pub(crate) key_by_digest: HashMap<[u8; 32], String>,
+    pub(crate) budgets: BTreeMap<BudgetKey, Budget>,
+    pub(crate) reservations: HashMap<String, Reservation>,
+    pub(crate) idempotency: HashMap<IdemKey, IdemRecord>,
+    /// ACTIVE reservations by settle deadline (expires_at + grace).
+    pub(crate) expiry_index: BTreeSet<(Millis, String)>,
+    /// Reservations per tenant by creation time.
+    pub(crate) created_index: BTreeSet<(String, Millis, String)>,
+    /// Terminal reservations and idempotency records by eviction time.
+    pub(crate) retention_index: BTreeSet<(Millis, Evictable)>,
+}
+
+/// The persistent part of the state, as written to a snapshot. Indexes are rebuilt on load.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotData {
+    pub tenants: Vec<Tenant>,
+    pub api_keys: Vec<ApiKey>,
+    pub budgets: Vec<Budget>,
+    pub reservations: Vec<Reservation>,
+    pub idempotency: Vec<(IdemKey, IdemRecord)>,
+}
+
+/// A broken rule found by [`State::verify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation(pub String);
+
+impl State {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn tenant(&self, id: &str) -> Option<&Tenant> {
+        self.tenants.get(id)
+    }
+
+    pub fn budget(&self, key: &BudgetKey) -> Option<&Budget> {
+        self.budgets.get(key)
+    }
+
+    pub fn budgets(&self) -> impl Iterator<Item = &Budget> {
+        self.budgets.values()
+    }
+
+    pub fn reservation(&self, id: &str) -> Option<&Reservation> {
+        self.reservations.get(id)
+    }
+
+    pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
+        self.reservations.values()
+    }
+
+    pub fn reservation_count(&self) -> usize {
+        self.reservations.len()
+    }
+
+    /// Applies one effect, keeping every index in step.
+    pub fn apply_effect(&mut self, effect: &Effect) {
+        match effect {
+            Effect::PutTenant(t) => {
+                self.tenants.insert(t.tenant_id.clone(), t.clone());
+            }
+            Effect::PutApiKey(k) => {
+                self.key_by_digest.insert(k.digest, k.key_id.clone());
+                self.api_keys.insert(k.key_id.clone(), k.clone());
+            }
+            Effect::PutBudget(b) => {
+                self.budgets.insert(b.key(), b.clone());
+            }
+            Effect::PutReservation(r) => self.put_reservation(r),
+            Effect::PutIdempotency(k, rec) => {
+                if let Some(old) = self.idempotency.get(k) {
+                    let old_at = old.expires_at_ms;
+                    self.retention_index
+                        .remove(&(old_at, Evictable::Idempotency(k.clone())));
+                }
+                self.retention_index
+                    .insert((rec.expires_at_ms, Evictable::Idempotency(k.clone())));
+                self.idempotency.insert(k.clone(), (**rec).clone());
+            }
+            Effect::RemoveReservation(id) => {
+                if let Some(old) = self.reservations.remove(id) {
+                    self.unindex_reservation(&old);
+                }
+            }
+            Effect::RemoveIdempotency(k) => {
+                if let Some(old) = self.idempotency.remove(k) {
+                    self.retention_index
+                        .remove(&(old.expires_at_ms, Evictable::Idempotency(k.clone())));
+                }
+            }
+        }
+    }
+
+    fn put_reservation(&mut self, r: &Reservation) {
+        if let Some(old) = self.reservations.get(&r.reservation_id).cloned() {
+            self.unindex_reservation(&old);
+        }
+        self.index_reservation(r);
+        self.reservations
+            .insert(r.reservation_id.clone(), r.clone());
+    }
+
+    fn index_reservation(&mut self, r: &Reservation) {
+        let id = r.reservation_id.clone();
+        self.created_index
+            .insert((r.tenant_id.clone(), r.created_at_ms, id.clone()));
+        match terminal_time(r) {
+            None => {
+                self.expiry_index.insert((r.settle_deadline(), id));
+            }
+            Some(at) => {
+                self.retention_index.insert((
+                    at.saturating_add(TERMINAL_RETENTION_MS),
+                    Evictable::Reservation(id),
+                ));
+            }
+        }
+    }
+
+    fn unindex_reservation(&mut self, r: &Reservation) {
+        let id = r.reservation_id.clone();
+        self.created_index
+            .remove(&(r.tenant_id.clone(), r.created_at_ms, id.clone()));
+        match terminal_time(r) {
+            None => {
+                self.expiry_index.remove(&(r.settle_deadline(), id));
+            }
+            Some(at) => {
+                self.retention_index.remove(&(
+                    at.saturating_add(TERMINAL_RETENTION_MS),
+                    Evictable::Reservation(id),
+                ));
+            }
+        }
+    }
+
+    /// The persistent part of the state (a consistent copy for a snapshot).
+    pub fn to_snapshot(&self) -> SnapshotData {
+        SnapshotData {
+            tenants: self.tenants.values().cloned().collect(),
+            api_keys: self.api_keys.values().cloned().collect(),
+            budgets: self.budgets.values().cloned().collect(),
+            reservations: self.reservations.values().cloned().collect(),
+            idempotency: self
+                .idempotency
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Rebuilds a state (indexes included) from a snapshot.
+    pub fn from_snapshot(data: SnapshotData) -> Self {
+        let mut state = State::new();
+        for t in data.tenants {
+            state.apply_effect(&Effect::PutTenant(t));
+        }
+        for k in data.api_keys {
+            state.apply_effect(&Effect::PutApiKey(k));
+        }
+        for b in data.budgets {
+            state.apply_effect(&Effect::PutBudget(b));
+        }
+        for r in data.reservations {
+            state.put_reservation(&r);
+        }
+        for (k, v) in data.idempotency {
+            state.apply_effect(&Effect::PutIdempotency(k, Box::new(v)));
+        }
+        state
+    }
+
+    /// Checks the ledger's rules on the whole state: the balance invariant on every budget,
+    /// and that each budget's `reserved` equals the holds of its ACTIVE reservations.
+    pub fn verify(&self) -> Vec<Violation> {
+        let mut violations = Vec::new();
+        let mut holds: HashMap<BudgetKey, i64> = HashMap::new();
+        for r in self.reservations.values() {
+            if r.status != ReservationStatus::Active {
+                continue;
+            }
+            for scope in &r.budgeted_scopes {
+                let key = BudgetKey {
+                    scope: scope.clone(),
+                    unit: r.unit,
+                };
+                let sum = holds.entry(key).or_insert(0);
+                *sum = sum.saturating_add(r.estimate);
+            }
+        }
+        for b in self.budgets.values() {
+            if let Err(e) = b.check_invariant() {
+                violations.push(Violation(e.to_string()));
+            }
+            let held = holds.remove(&b.key()).unwrap_or(0);
+            if held != b.reserved {
+                violations.push(Violation(format!(
+                    "{} {}: reserved {} but ACTIVE reservations hold {held}",
+                    b.scope,
+                    b.unit.as_str(),
+                    b.reserved
+                )));
+            }
+        }
+        for (key, held) in holds {
+            violations.push(Violation(format!(
+                "{} {}: ACTIVE reservations hold {held} on a budget that does not exist",
+                key.scope,
+                key.unit.as_str()
+            )));
+        }
+        violations
+    }
+}
+
+/// When a reservation reached a terminal state (None while ACTIVE).
+fn terminal_time(r: &Reservation) -> Option<Millis> {
+    match r.status {
+        ReservationStatus::Active => None,
+        _ => Some(
+            r.finalized_at_ms
+                .or(r.expired_at_ms)
+                .unwrap_or(r.expires_at_ms),
+        ),
+    }
+}

@@ -1,0 +1,678 @@
+//! The admin plane's provisioning slice: tenants, API keys, budgets and funding.
+
+use std::collections::BTreeMap;
+
+use ledger::{
+    ApiKey, Budget, ExpiryPolicy, FundResult, FundingOp, Idempotency, Permission, RolloverPolicy,
+    Tenant, TenantStatus, Unit,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::common::{metadata_raw, metadata_text, Metadata};
+use crate::validate::{idempotency_key, len_between, max_len, non_negative, range};
+use crate::{
+    fingerprint, format_rfc3339, parse_rfc3339, Amount, ApiError, ErrorCode, Validate, WirePolicy,
+    WireUnit,
+};
+
+fn parse_enum<T>(
+    field: &str,
+    value: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    allowed: &str,
+) -> Result<T, ApiError> {
+    parse(value).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{field}: unknown value '{value}' (expected one of {allowed})"
+        ))
+    })
+}
+
+fn timestamp(field: &str, value: &Option<String>) -> Result<Option<i64>, ApiError> {
+    value
+        .as_deref()
+        .map(|v| {
+            parse_rfc3339(v)
+                .ok_or_else(|| ApiError::invalid(format!("{field}: not an RFC 3339 date-time")))
+        })
+        .transpose()
+}
+
+fn same_unit(field: &str, amount: &Amount, unit: WireUnit) -> Result<(), ApiError> {
+    if amount.unit != unit {
+        return Err(ApiError::new(
+            400,
+            ErrorCode::UnitMismatch,
+            format!("{field}.unit must equal the budget's unit"),
+        ));
+    }
+    Ok(())
+}
+
+/// Tenant ids: `^[a-z0-9-]+$`, 3–64 characters.
+pub fn check_tenant_id(field: &str, id: &str) -> Result<(), ApiError> {
+    if id.len() < 3
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+    {
+        return Err(ApiError::invalid(format!(
+            "{field}: must be 3-64 characters of [a-z0-9-]"
+        )));
+    }
+    Ok(())
+}
+
+fn check_string_map(field: &str, m: &Option<BTreeMap<String, String>>) -> Result<(), ApiError> {
+    if m.as_ref().is_some_and(|m| m.len() > 32) {
+        return Err(ApiError::invalid(format!("{field}: at most 32 entries")));
+    }
+    Ok(())
+}
+
+const EXPIRY_POLICIES: &str = "AUTO_RELEASE, MANUAL_CLEANUP, GRACE_ONLY";
+const TENANT_STATUSES: &str = "ACTIVE, SUSPENDED, CLOSED";
+
+/// `TenantCreateRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantCreateRequest {
+    pub tenant_id: String,
+    pub name: String,
+    pub parent_tenant_id: Option<String>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub default_commit_overage_policy: Option<WirePolicy>,
+    pub default_reservation_ttl_ms: Option<i64>,
+    pub max_reservation_ttl_ms: Option<i64>,
+    pub max_reservation_extensions: Option<i64>,
+    pub reservation_expiry_policy: Option<String>,
+}
+
+fn check_tenant_settings(
+    ttl: Option<i64>,
+    max_ttl: Option<i64>,
+    max_ext: Option<i64>,
+) -> Result<(), ApiError> {
+    if let Some(v) = ttl {
+        range("default_reservation_ttl_ms", v, 1_000, 86_400_000)?;
+    }
+    if let Some(v) = max_ttl {
+        range("max_reservation_ttl_ms", v, 1_000, 86_400_000)?;
+    }
+    if let Some(v) = max_ext {
+        range("max_reservation_extensions", v, 0, i64::from(u32::MAX))?;
+    }
+    Ok(())
+}
+
+impl Validate for TenantCreateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        check_tenant_id("tenant_id", &self.tenant_id)?;
+        len_between("name", &self.name, 1, 256)?;
+        if let Some(p) = &self.parent_tenant_id {
+            check_tenant_id("parent_tenant_id", p)?;
+        }
+        check_string_map("metadata", &self.metadata)?;
+        check_tenant_settings(
+            self.default_reservation_ttl_ms,
+            self.max_reservation_ttl_ms,
+            self.max_reservation_extensions,
+        )?;
+        if let Some(p) = &self.reservation_expiry_policy {
+            parse_enum(
+                "reservation_expiry_policy",
+                p,
+                ExpiryPolicy::parse,
+                EXPIRY_POLICIES,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl TenantCreateRequest {
+    pub fn into_new(self) -> ledger::NewTenant {
+        ledger::NewTenant {
+            tenant_id: self.tenant_id,
+            name: self.name,
+            parent_tenant_id: self.parent_tenant_id,
+            default_commit_overage_policy: self.default_commit_overage_policy.map(Into::into),
+            default_reservation_ttl_ms: self.default_reservation_ttl_ms,
+            max_reservation_ttl_ms: self.max_reservation_ttl_ms,
+            max_reservation_extensions: self.max_reservation_extensions.map(|v| v as u32),
+            reservation_expiry_policy: self
+                .reservation_expiry_policy
+                .as_deref()
+                .and_then(ExpiryPolicy::parse),
+            metadata: self.metadata.unwrap_or_default(),
+        }
+    }
+}
+
+/// The body of `PATCH /v1/admin/tenants/{tenant_id}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantUpdateRequest {
+    pub name: Option<String>,
+    pub status: Option<String>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub default_commit_overage_policy: Option<WirePolicy>,
+    pub default_reservation_ttl_ms: Option<i64>,
+    pub max_reservation_ttl_ms: Option<i64>,
+    pub max_reservation_extensions: Option<i64>,
+}
+
+impl Validate for TenantUpdateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        if let Some(n) = &self.name {
+            len_between("name", n, 1, 256)?;
+        }
+        if let Some(s) = &self.status {
+            parse_enum("status", s, TenantStatus::parse, TENANT_STATUSES)?;
+        }
+        check_string_map("metadata", &self.metadata)?;
+        check_tenant_settings(
+            self.default_reservation_ttl_ms,
+            self.max_reservation_ttl_ms,
+            self.max_reservation_extensions,
+        )
+    }
+}
+
+impl TenantUpdateRequest {
+    pub fn into_patch(self) -> ledger::TenantPatch {
+        ledger::TenantPatch {
+            name: self.name,
+            status: self.status.as_deref().and_then(TenantStatus::parse),
+            metadata: self.metadata,
+            default_commit_overage_policy: self.default_commit_overage_policy.map(Into::into),
+            default_reservation_ttl_ms: self.default_reservation_ttl_ms,
+            max_reservation_ttl_ms: self.max_reservation_ttl_ms,
+            max_reservation_extensions: self.max_reservation_extensions.map(|v| v as u32),
+        }
+    }
+}
+
+/// `Tenant`.
+#[derive(Debug, Serialize)]
+pub struct TenantResponse {
+    pub tenant_id: String,
+    pub name: String,
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_tenant_id: Option<String>,
+    pub default_commit_overage_policy: WirePolicy,
+    pub default_reservation_ttl_ms: i64,
+    pub max_reservation_ttl_ms: i64,
+    pub max_reservation_extensions: u32,
+    pub reservation_expiry_policy: &'static str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspended_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<String>,
+}
+
+impl From<Tenant> for TenantResponse {
+    fn from(t: Tenant) -> Self {
+        TenantResponse {
+            tenant_id: t.tenant_id,
+            name: t.name,
+            status: t.status.as_str(),
+            parent_tenant_id: t.parent_tenant_id,
+            default_commit_overage_policy: t.default_commit_overage_policy.into(),
+            default_reservation_ttl_ms: t.default_reservation_ttl_ms,
+            max_reservation_ttl_ms: t.max_reservation_ttl_ms,
+            max_reservation_extensions: t.max_reservation_extensions,
+            reservation_expiry_policy: t.reservation_expiry_policy.as_str(),
+            metadata: t.metadata,
+            created_at: format_rfc3339(t.created_at_ms),
+            updated_at: format_rfc3339(t.updated_at_ms),
+            suspended_at: t.suspended_at_ms.map(format_rfc3339),
+            closed_at: t.closed_at_ms.map(format_rfc3339),
+        }
+    }
+}
+
+/// `ApiKeyCreateRequest`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyCreateRequest {
+    pub tenant_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub permissions: Option<Vec<String>>,
+    pub scope_filter: Option<Vec<String>>,
+    pub expires_at: Option<String>,
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for ApiKeyCreateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        check_tenant_id("tenant_id", &self.tenant_id)?;
+        len_between("name", &self.name, 1, 256)?;
+        if let Some(d) = &self.description {
+            max_len("description", d, 1024)?;
+        }
+        for p in self.permissions.iter().flatten() {
+            Permission::parse(p).ok_or_else(|| {
+                ApiError::invalid(format!("permissions: Unrecognized permission: {p}"))
+            })?;
+        }
+        for f in self.scope_filter.iter().flatten() {
+            max_len("scope_filter[]", f, 256)?;
+        }
+        timestamp("expires_at", &self.expires_at)?;
+        Ok(())
+    }
+}
+
+impl ApiKeyCreateRequest {
+    /// `secret` is the new key's plaintext; only its digest is kept.
+    pub fn into_new(self, key_id: String, secret: &str, digest: [u8; 32]) -> ledger::NewApiKey {
+        ledger::NewApiKey {
+            key_id,
+            key_prefix: secret.chars().take(14).collect(),
+            digest,
+            expires_at_ms: self.expires_at.as_deref().and_then(parse_rfc3339),
+            tenant_id: self.tenant_id,
+            name: self.name,
+            description: self.description,
+            permissions: self.permissions.map(|ps| {
+                let mut ps: Vec<Permission> =
+                    ps.iter().filter_map(|p| Permission::parse(p)).collect();
+                ps.sort();
+                ps.dedup();
+                ps
+            }),
+            scope_filter: self.scope_filter.unwrap_or_default(),
+            metadata: metadata_text(&self.metadata),
+        }
+    }
+}
+
+fn permission_names(ps: &[Permission]) -> Vec<&'static str> {
+    ps.iter().map(|p| p.as_str()).collect()
+}
+
+/// `ApiKeyCreateResponse`: the only time the secret is shown.
+#[derive(Debug, Serialize)]
+pub struct ApiKeyCreateResponse {
+    pub key_id: String,
+    pub key_secret: String,
+    pub key_prefix: String,
+    pub tenant_id: String,
+    pub permissions: Vec<&'static str>,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+impl ApiKeyCreateResponse {
+    pub fn new(key: ApiKey, secret: String) -> Self {
+        ApiKeyCreateResponse {
+            permissions: permission_names(&key.permissions),
+            key_id: key.key_id,
+            key_secret: secret,
+            key_prefix: key.key_prefix,
+            tenant_id: key.tenant_id,
+            created_at: format_rfc3339(key.created_at_ms),
+            expires_at: format_rfc3339(key.expires_at_ms),
+        }
+    }
+}
+
+/// `ApiKey` (never the secret or its digest).
+#[derive(Debug, Serialize)]
+pub struct ApiKeyResponse {
+    pub key_id: String,
+    pub tenant_id: String,
+    pub key_prefix: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub permissions: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scope_filter: Vec<String>,
+    pub status: &'static str,
+    pub created_at: String,
+    pub expires_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Box<RawValue>>,
+}
+
+impl ApiKeyResponse {
+    pub fn new(key: ApiKey, now_ms: i64) -> Self {
+        ApiKeyResponse {
+            status: key.effective_status(now_ms).as_str(),
+            permissions: permission_names(&key.permissions),
+            metadata: metadata_raw(&key.metadata),
+            key_id: key.key_id,
+            tenant_id: key.tenant_id,
+            key_prefix: key.key_prefix,
+            name: key.name,
+            description: key.description,
+            scope_filter: key.scope_filter,
+            created_at: format_rfc3339(key.created_at_ms),
+            expires_at: format_rfc3339(key.expires_at_ms),
+            revoked_at: key.revoked_at_ms.map(format_rfc3339),
+            revoked_reason: key.revoked_reason,
+        }
+    }
+}
+
+const ROLLOVER_POLICIES: &str = "NONE, CARRY_FORWARD, CAP_AT_ALLOCATED";
+
+/// `BudgetCreateRequest`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetCreateRequest {
+    pub tenant_id: Option<String>,
+    pub scope: String,
+    pub unit: WireUnit,
+    pub allocated: Amount,
+    pub overdraft_limit: Option<Amount>,
+    pub commit_overage_policy: Option<WirePolicy>,
+    pub rollover_policy: Option<String>,
+    pub period_start: Option<String>,
+    pub period_end: Option<String>,
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for BudgetCreateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        if let Some(t) = &self.tenant_id {
+            check_tenant_id("tenant_id", t)?;
+        }
+        len_between("scope", &self.scope, 1, 1024)?;
+        self.allocated.check("allocated")?;
+        same_unit("allocated", &self.allocated, self.unit)?;
+        if let Some(o) = &self.overdraft_limit {
+            o.check("overdraft_limit")?;
+            same_unit("overdraft_limit", o, self.unit)?;
+        }
+        if let Some(r) = &self.rollover_policy {
+            parse_enum(
+                "rollover_policy",
+                r,
+                RolloverPolicy::parse,
+                ROLLOVER_POLICIES,
+            )?;
+        }
+        let start = timestamp("period_start", &self.period_start)?;
+        let end = timestamp("period_end", &self.period_end)?;
+        if let (Some(s), Some(e)) = (start, end) {
+            if s > e {
+                return Err(ApiError::invalid(
+                    "period_start must not be after period_end",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BudgetCreateRequest {
+    pub fn into_new(self, ledger_id: String) -> ledger::NewBudget {
+        ledger::NewBudget {
+            ledger_id,
+            tenant_id: self.tenant_id,
+            scope: self.scope,
+            unit: self.unit.into(),
+            allocated: self.allocated.amount,
+            overdraft_limit: self.overdraft_limit.map_or(0, |o| o.amount),
+            commit_overage_policy: self.commit_overage_policy.map(Into::into),
+            rollover_policy: self
+                .rollover_policy
+                .as_deref()
+                .and_then(RolloverPolicy::parse),
+            period_start_ms: self.period_start.as_deref().and_then(parse_rfc3339),
+            period_end_ms: self.period_end.as_deref().and_then(parse_rfc3339),
+            metadata: metadata_text(&self.metadata),
+        }
+    }
+}
+
+/// The body of `PATCH /v1/admin/budgets`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetUpdateRequest {
+    pub overdraft_limit: Option<Amount>,
+    pub commit_overage_policy: Option<WirePolicy>,
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for BudgetUpdateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        if let Some(o) = &self.overdraft_limit {
+            o.check("overdraft_limit")?;
+        }
+        Ok(())
+    }
+}
+
+impl BudgetUpdateRequest {
+    pub fn into_patch(self, unit: Unit) -> Result<ledger::BudgetPatch, ApiError> {
+        if let Some(o) = &self.overdraft_limit {
+            same_unit("overdraft_limit", o, unit.into())?;
+        }
+        Ok(ledger::BudgetPatch {
+            overdraft_limit: self.overdraft_limit.map(|o| o.amount),
+            commit_overage_policy: self.commit_overage_policy.map(Into::into),
+            metadata: metadata_text(&self.metadata),
+        })
+    }
+}
+
+/// `BudgetStatusTransitionRequest` (freeze / unfreeze; the body is optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetStatusTransitionRequest {
+    pub reason: Option<String>,
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for BudgetStatusTransitionRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        if let Some(r) = &self.reason {
+            max_len("reason", r, 512)?;
+        }
+        Ok(())
+    }
+}
+
+const FUNDING_OPS: &str = "CREDIT, DEBIT, RESET, RESET_SPENT, REPAY_DEBT";
+
+/// `BudgetFundingRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetFundingRequest {
+    pub operation: String,
+    pub amount: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spent: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for BudgetFundingRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        let op = parse_enum("operation", &self.operation, FundingOp::parse, FUNDING_OPS)?;
+        self.amount.check("amount")?;
+        if let Some(s) = &self.spent {
+            if op != FundingOp::ResetSpent {
+                return Err(ApiError::invalid("spent: only allowed with RESET_SPENT"));
+            }
+            s.check("spent")?;
+        }
+        if let Some(r) = &self.reason {
+            max_len("reason", r, 512)?;
+        }
+        if let Some(k) = &self.idempotency_key {
+            idempotency_key("idempotency_key", k)?;
+        }
+        Ok(())
+    }
+}
+
+impl BudgetFundingRequest {
+    pub fn into_command(
+        self,
+        tenant_id: Option<String>,
+        scope: String,
+        unit: Unit,
+    ) -> Result<ledger::FundCmd, ApiError> {
+        same_unit("amount", &self.amount, unit.into())?;
+        if let Some(s) = &self.spent {
+            same_unit("spent", s, unit.into())?;
+        }
+        // The key covers the target budget too: the same key on another budget is a mismatch.
+        let idem = self.idempotency_key.as_ref().map(|key| Idempotency {
+            key: key.clone(),
+            fingerprint: fingerprint(&(&scope, unit.as_str(), &self)),
+        });
+        Ok(ledger::FundCmd {
+            tenant_id,
+            operation: FundingOp::parse(&self.operation)
+                .ok_or_else(|| ApiError::invalid("operation: unknown value"))?,
+            amount: self.amount.amount,
+            spent: self.spent.map(|s| s.amount),
+            idem,
+            scope,
+            unit,
+        })
+    }
+}
+
+/// `BudgetFundingResponse`.
+#[derive(Debug, Serialize)]
+pub struct BudgetFundingResponse {
+    pub operation: &'static str,
+    pub previous_allocated: Amount,
+    pub new_allocated: Amount,
+    pub previous_remaining: Amount,
+    pub new_remaining: Amount,
+    pub previous_debt: Amount,
+    pub new_debt: Amount,
+    pub previous_spent: Amount,
+    pub new_spent: Amount,
+    pub timestamp: String,
+}
+
+impl From<FundResult> for BudgetFundingResponse {
+    fn from(r: FundResult) -> Self {
+        let a = |v| Amount::new(r.unit, v);
+        BudgetFundingResponse {
+            operation: r.operation.as_str(),
+            previous_allocated: a(r.previous.allocated),
+            new_allocated: a(r.new.allocated),
+            previous_remaining: a(r.previous.remaining),
+            new_remaining: a(r.new.remaining),
+            previous_debt: a(r.previous.debt),
+            new_debt: a(r.new.debt),
+            previous_spent: a(r.previous.spent),
+            new_spent: a(r.new.spent),
+            timestamp: format_rfc3339(r.timestamp_ms),
+        }
+    }
+}
+
+/// `BudgetLedger`.
+#[derive(Debug, Serialize)]
+pub struct BudgetLedger {
+    pub ledger_id: String,
+    pub tenant_id: String,
+    pub scope: String,
+    pub scope_path: String,
+    pub unit: WireUnit,
+    pub allocated: Amount,
+    pub remaining: Amount,
+    pub reserved: Amount,
+    pub spent: Amount,
+    pub debt: Amount,
+    pub overdraft_limit: Amount,
+    pub is_over_limit: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit_overage_policy: Option<WirePolicy>,
+    pub status: &'static str,
+    pub rollover_policy: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_start: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_end: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<Budget> for BudgetLedger {
+    fn from(b: Budget) -> Self {
+        let a = |v| Amount::new(b.unit, v);
+        BudgetLedger {
+            allocated: a(b.allocated),
+            remaining: a(b.remaining),
+            reserved: a(b.reserved),
+            spent: a(b.spent),
+            debt: a(b.debt),
+            overdraft_limit: a(b.overdraft_limit),
+            ledger_id: b.ledger_id,
+            tenant_id: b.tenant_id,
+            scope_path: b.scope.clone(),
+            scope: b.scope,
+            unit: b.unit.into(),
+            is_over_limit: b.is_over_limit,
+            commit_overage_policy: b.commit_overage_policy.map(Into::into),
+            status: b.status.as_str(),
+            rollover_policy: b.rollover_policy.as_str(),
+            period_start: b.period_start_ms.map(format_rfc3339),
+            period_end: b.period_end_ms.map(format_rfc3339),
+            created_at: format_rfc3339(b.created_at_ms),
+            updated_at: format_rfc3339(b.updated_at_ms),
+        }
+    }
+}
+
+/// `BudgetListResponse`.
+#[derive(Debug, Serialize)]
+pub struct BudgetListResponse {
+    pub ledgers: Vec<BudgetLedger>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    pub has_more: bool,
+}
+
+/// A query parameter that must be present.
+pub fn required_param<'a>(name: &str, value: Option<&'a str>) -> Result<&'a str, ApiError> {
+    value
+        .filter(|v| !v.trim().is_empty())
+        .ok_or_else(|| ApiError::invalid(format!("{name}: query parameter is required")))
+}
+
+/// Parses a `unit` query parameter.
+pub fn parse_unit_param(name: &str, value: &str) -> Result<Unit, ApiError> {
+    Unit::parse(value).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{name}: unknown unit '{value}' (expected USD_MICROCENTS, TOKENS, CREDITS or RISK_POINTS)"
+        ))
+    })
+}
+
+/// Parses a non-negative integer query parameter.
+pub fn parse_count_param(name: &str, value: &str) -> Result<i64, ApiError> {
+    let v: i64 = value
+        .parse()
+        .map_err(|_| ApiError::invalid(format!("{name}: must be an integer")))?;
+    non_negative(name, v)?;
+    Ok(v)
+}

@@ -1,0 +1,312 @@
+//! Schemas shared across endpoints: units, amounts, subjects, actions, balances.
+
+use std::collections::BTreeMap;
+
+use ledger::{leaf_segment, Balance as DomainBalance, OveragePolicy, Unit};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::validate::{max_len, non_negative};
+use crate::ApiError;
+
+/// `UnitEnum`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WireUnit {
+    UsdMicrocents,
+    Tokens,
+    Credits,
+    RiskPoints,
+}
+
+impl From<WireUnit> for Unit {
+    fn from(u: WireUnit) -> Unit {
+        match u {
+            WireUnit::UsdMicrocents => Unit::UsdMicrocents,
+            WireUnit::Tokens => Unit::Tokens,
+            WireUnit::Credits => Unit::Credits,
+            WireUnit::RiskPoints => Unit::RiskPoints,
+        }
+    }
+}
+
+impl From<Unit> for WireUnit {
+    fn from(u: Unit) -> WireUnit {
+        match u {
+            Unit::UsdMicrocents => WireUnit::UsdMicrocents,
+            Unit::Tokens => WireUnit::Tokens,
+            Unit::Credits => WireUnit::Credits,
+            Unit::RiskPoints => WireUnit::RiskPoints,
+        }
+    }
+}
+
+/// `CommitOveragePolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WirePolicy {
+    Reject,
+    AllowIfAvailable,
+    AllowWithOverdraft,
+}
+
+impl From<WirePolicy> for OveragePolicy {
+    fn from(p: WirePolicy) -> Self {
+        match p {
+            WirePolicy::Reject => OveragePolicy::Reject,
+            WirePolicy::AllowIfAvailable => OveragePolicy::AllowIfAvailable,
+            WirePolicy::AllowWithOverdraft => OveragePolicy::AllowWithOverdraft,
+        }
+    }
+}
+
+impl From<OveragePolicy> for WirePolicy {
+    fn from(p: OveragePolicy) -> Self {
+        match p {
+            OveragePolicy::Reject => WirePolicy::Reject,
+            OveragePolicy::AllowIfAvailable => WirePolicy::AllowIfAvailable,
+            OveragePolicy::AllowWithOverdraft => WirePolicy::AllowWithOverdraft,
+        }
+    }
+}
+
+/// `Amount` (non-negative) on input and output; `SignedAmount` on output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Amount {
+    pub unit: WireUnit,
+    pub amount: i64,
+}
+
+impl Amount {
+    pub fn new(unit: Unit, amount: i64) -> Self {
+        Amount {
+            unit: unit.into(),
+            amount,
+        }
+    }
+
+    pub fn check(&self, field: &str) -> Result<(), ApiError> {
+        non_negative(&format!("{field}.amount"), self.amount)
+    }
+}
+
+/// An open JSON object (`metadata`, `metrics.custom`), kept as the client sent it.
+pub type Metadata = Map<String, Value>;
+
+/// Stores an open object as opaque text in the domain.
+pub fn metadata_text(m: &Option<Metadata>) -> Option<String> {
+    m.as_ref()
+        .map(|m| serde_json::to_string(m).unwrap_or_else(|_| "{}".into()))
+}
+
+/// Renders stored opaque text back as the same JSON object.
+pub fn metadata_raw(text: &Option<String>) -> Option<Box<RawValue>> {
+    text.as_ref()
+        .and_then(|t| RawValue::from_string(t.clone()).ok())
+}
+
+/// `Subject`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Subject {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub toolset: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<BTreeMap<String, String>>,
+}
+
+/// Subject values: the spec's CHARSET (`^[a-zA-Z0-9_.-]+$`), 1–128 characters. `:` and `/`
+/// would break scope strings, so out-of-pattern values are rejected.
+pub(crate) fn is_scope_value(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 128
+        && v.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+}
+
+impl Subject {
+    pub fn check(&self, field: &str) -> Result<(), ApiError> {
+        let d = ledger::Subject::from(self.clone());
+        if !d.has_standard_level() {
+            return Err(ApiError::invalid(format!(
+                "{field}: at least one of tenant, workspace, app, workflow, agent, toolset is required"
+            )));
+        }
+        for (level, value) in d.levels() {
+            if let Some(v) = value {
+                if !is_scope_value(v) {
+                    return Err(ApiError::invalid(format!(
+                        "{field}.{level}: must be 1-128 characters of [a-zA-Z0-9_.-]"
+                    )));
+                }
+            }
+        }
+        if let Some(dims) = &self.dimensions {
+            if dims.len() > 16 {
+                return Err(ApiError::invalid(format!(
+                    "{field}.dimensions: at most 16 entries"
+                )));
+            }
+            for (k, v) in dims {
+                max_len(&format!("{field}.dimensions.{k}"), v, 256)?;
+                max_len(&format!("{field}.dimensions (key)"), k, 128)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl From<Subject> for ledger::Subject {
+    fn from(s: Subject) -> Self {
+        ledger::Subject {
+            tenant: s.tenant,
+            workspace: s.workspace,
+            app: s.app,
+            workflow: s.workflow,
+            agent: s.agent,
+            toolset: s.toolset,
+            dimensions: s.dimensions.unwrap_or_default().into_iter().collect(),
+        }
+    }
+}
+
+impl From<&ledger::Subject> for Subject {
+    fn from(s: &ledger::Subject) -> Self {
+        Subject {
+            tenant: s.tenant.clone(),
+            workspace: s.workspace.clone(),
+            app: s.app.clone(),
+            workflow: s.workflow.clone(),
+            agent: s.agent.clone(),
+            toolset: s.toolset.clone(),
+            dimensions: (!s.dimensions.is_empty()).then(|| s.dimensions.iter().cloned().collect()),
+        }
+    }
+}
+
+/// `Action`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Action {
+    pub kind: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+}
+
+impl Action {
+    pub fn check(&self, field: &str) -> Result<(), ApiError> {
+        max_len(&format!("{field}.kind"), &self.kind, 64)?;
+        max_len(&format!("{field}.name"), &self.name, 256)?;
+        if let Some(tags) = &self.tags {
+            if tags.len() > 10 {
+                return Err(ApiError::invalid(format!("{field}.tags: at most 10 items")));
+            }
+            for t in tags {
+                max_len(&format!("{field}.tags[]"), t, 64)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl From<Action> for ledger::Action {
+    fn from(a: Action) -> Self {
+        ledger::Action {
+            kind: a.kind,
+            name: a.name,
+            tags: a.tags,
+        }
+    }
+}
+
+impl From<&ledger::Action> for Action {
+    fn from(a: &ledger::Action) -> Self {
+        Action {
+            kind: a.kind.clone(),
+            name: a.name.clone(),
+            tags: a.tags.clone(),
+        }
+    }
+}
+
+/// `StandardMetrics`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandardMetrics {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_input: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_output: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub custom: Option<Metadata>,
+}
+
+impl StandardMetrics {
+    pub fn check(&self, field: &str) -> Result<(), ApiError> {
+        for (name, v) in [
+            ("tokens_input", self.tokens_input),
+            ("tokens_output", self.tokens_output),
+            ("latency_ms", self.latency_ms),
+        ] {
+            if let Some(v) = v {
+                non_negative(&format!("{field}.{name}"), v)?;
+            }
+        }
+        if let Some(m) = &self.model_version {
+            max_len(&format!("{field}.model_version"), m, 128)?;
+        }
+        Ok(())
+    }
+}
+
+/// `Balance`: one `(scope, unit)` ledger. Every amount is emitted, so clients can check
+/// `remaining = allocated − spent − reserved − debt` themselves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Balance {
+    pub scope: String,
+    pub scope_path: String,
+    pub remaining: Amount,
+    pub reserved: Amount,
+    pub spent: Amount,
+    pub allocated: Amount,
+    pub debt: Amount,
+    pub overdraft_limit: Amount,
+    pub is_over_limit: bool,
+}
+
+impl From<&DomainBalance> for Balance {
+    fn from(b: &DomainBalance) -> Self {
+        Balance {
+            scope: leaf_segment(&b.scope).to_string(),
+            scope_path: b.scope.clone(),
+            remaining: Amount::new(b.unit, b.remaining),
+            reserved: Amount::new(b.unit, b.reserved),
+            spent: Amount::new(b.unit, b.spent),
+            allocated: Amount::new(b.unit, b.allocated),
+            debt: Amount::new(b.unit, b.debt),
+            overdraft_limit: Amount::new(b.unit, b.overdraft_limit),
+            is_over_limit: b.is_over_limit,
+        }
+    }
+}
+
+pub fn balances(list: &[DomainBalance]) -> Option<Vec<Balance>> {
+    (!list.is_empty()).then(|| list.iter().map(Balance::from).collect())
+}

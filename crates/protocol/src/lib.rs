@@ -1,0 +1,26 @@
+//! The Cycles wire format. This is the only crate that knows JSON field names: request
+//! types parse and validate exactly what the upstream schemas allow (unknown fields are
+//! rejected), and response types carry exactly the fields the schemas allow, never `null`.
+//! Handlers convert explicitly between these and the domain types of `ledger`.
+
+pub mod admin;
+mod common;
+mod cursor;
+mod error;
+mod fingerprint;
+pub mod runtime;
+mod time;
+mod validate;
+
+pub use common::*;
+pub use cursor::{decode_budget_cursor, encode_budget_cursor};
+pub use error::{ApiError, ErrorBody, ErrorCode, Plane};
+pub use fingerprint::fingerprint;
+pub use time::{format_rfc3339, parse_rfc3339};
+pub use validate::{parse_body, Validate};
+
+/// Largest request body accepted, in bytes.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Page size bounds of list endpoints.
+pub const DEFAULT_PAGE_SIZE: usize = 50;
+pub const MAX_PAGE_SIZE: usize = 200;

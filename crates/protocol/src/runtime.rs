@@ -1,0 +1,455 @@
+//! The runtime plane: reservations, decide, events, balances.
+
+use ledger::{
+    Actor, CommitResult, DecideResult, EventResult, ExtendResult, Idempotency, ReleaseResult,
+    Reservation, ReserveResult,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::common::{balances, metadata_raw, metadata_text, Metadata};
+use crate::validate::{idempotency_key, max_len, non_negative, range};
+use crate::{
+    fingerprint, Action, Amount, ApiError, Balance, StandardMetrics, Subject, Validate, WirePolicy,
+};
+
+pub const DEFAULT_GRACE_MS: i64 = 5_000;
+
+/// Checks the optional `X-Idempotency-Key` header against the body's key.
+pub fn check_header_key(header: Option<&str>, body_key: &str) -> Result<(), ApiError> {
+    match header {
+        Some(h) if h != body_key => Err(ApiError::invalid(
+            "X-Idempotency-Key header does not match the body's idempotency_key",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn idem<T: Serialize>(request: &T, key: &str) -> Idempotency {
+    Idempotency {
+        key: key.to_string(),
+        fingerprint: fingerprint(request),
+    }
+}
+
+/// `ReservationCreateRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationCreateRequest {
+    pub idempotency_key: String,
+    pub subject: Subject,
+    pub action: Action,
+    pub estimate: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grace_period_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overage_policy: Option<WirePolicy>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for ReservationCreateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        idempotency_key("idempotency_key", &self.idempotency_key)?;
+        self.subject.check("subject")?;
+        self.action.check("action")?;
+        self.estimate.check("estimate")?;
+        if let Some(ttl) = self.ttl_ms {
+            range("ttl_ms", ttl, 1_000, 86_400_000)?;
+        }
+        if let Some(g) = self.grace_period_ms {
+            range("grace_period_ms", g, 0, 60_000)?;
+        }
+        Ok(())
+    }
+}
+
+impl ReservationCreateRequest {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::ReserveCmd {
+        ledger::ReserveCmd {
+            actor,
+            idem: idem(&self, &self.idempotency_key),
+            reservation_id,
+            unit: self.estimate.unit.into(),
+            estimate: self.estimate.amount,
+            ttl_ms: self.ttl_ms,
+            grace_period_ms: self.grace_period_ms.unwrap_or(DEFAULT_GRACE_MS),
+            overage_policy: self.overage_policy.map(Into::into),
+            dry_run: self.dry_run.unwrap_or(false),
+            metadata: metadata_text(&self.metadata),
+            subject: self.subject.into(),
+            action: self.action.into(),
+        }
+    }
+}
+
+/// `ReservationCreateResponse`.
+#[derive(Debug, Serialize)]
+pub struct ReservationCreateResponse {
+    pub decision: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+    pub affected_scopes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining_ttl_ms: Option<i64>,
+    pub scope_path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
+}
+
+impl ReservationCreateResponse {
+    pub fn new(r: ReserveResult, remaining_ttl_ms: Option<i64>) -> Self {
+        ReservationCreateResponse {
+            decision: r.decision.as_str(),
+            reservation_id: r.reservation_id,
+            affected_scopes: r.affected_scopes,
+            expires_at_ms: r.expires_at_ms,
+            remaining_ttl_ms,
+            scope_path: r.scope_path,
+            reserved: r.reserved.map(|(u, a)| Amount::new(u, a)),
+            balances: balances(&r.balances),
+            reason_code: r.reason_code,
+        }
+    }
+}
+
+/// `CommitRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitRequest {
+    pub idempotency_key: String,
+    pub actual: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<StandardMetrics>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for CommitRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        idempotency_key("idempotency_key", &self.idempotency_key)?;
+        self.actual.check("actual")?;
+        if let Some(m) = &self.metrics {
+            m.check("metrics")?;
+        }
+        Ok(())
+    }
+}
+
+impl CommitRequest {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::CommitCmd {
+        ledger::CommitCmd {
+            actor,
+            idem: idem(&self, &self.idempotency_key),
+            reservation_id,
+            unit: self.actual.unit.into(),
+            actual: self.actual.amount,
+            metadata: metadata_text(&self.metadata),
+        }
+    }
+}
+
+/// `CommitResponse`.
+#[derive(Debug, Serialize)]
+pub struct CommitResponse {
+    pub status: &'static str,
+    pub charged: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+impl From<CommitResult> for CommitResponse {
+    fn from(r: CommitResult) -> Self {
+        CommitResponse {
+            status: "COMMITTED",
+            charged: Amount::new(r.unit, r.charged),
+            released: r.released.map(|a| Amount::new(r.unit, a)),
+            balances: balances(&r.balances),
+        }
+    }
+}
+
+/// `ReleaseRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    pub idempotency_key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Validate for ReleaseRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        idempotency_key("idempotency_key", &self.idempotency_key)?;
+        if let Some(r) = &self.reason {
+            max_len("reason", r, 256)?;
+        }
+        Ok(())
+    }
+}
+
+impl ReleaseRequest {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::ReleaseCmd {
+        ledger::ReleaseCmd {
+            actor,
+            idem: idem(&self, &self.idempotency_key),
+            reservation_id,
+            reason: self.reason,
+        }
+    }
+}
+
+/// `ReleaseResponse`.
+#[derive(Debug, Serialize)]
+pub struct ReleaseResponse {
+    pub status: &'static str,
+    pub released: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+impl From<ReleaseResult> for ReleaseResponse {
+    fn from(r: ReleaseResult) -> Self {
+        ReleaseResponse {
+            status: "RELEASED",
+            released: Amount::new(r.unit, r.released),
+            balances: balances(&r.balances),
+        }
+    }
+}
+
+/// `ReservationExtendRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationExtendRequest {
+    pub idempotency_key: String,
+    pub extend_by_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for ReservationExtendRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        idempotency_key("idempotency_key", &self.idempotency_key)?;
+        range("extend_by_ms", self.extend_by_ms, 1, 86_400_000)
+    }
+}
+
+impl ReservationExtendRequest {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::ExtendCmd {
+        ledger::ExtendCmd {
+            actor,
+            idem: idem(&self, &self.idempotency_key),
+            reservation_id,
+            extend_by_ms: self.extend_by_ms,
+        }
+    }
+}
+
+/// `ReservationExtendResponse`.
+#[derive(Debug, Serialize)]
+pub struct ReservationExtendResponse {
+    pub status: &'static str,
+    pub expires_at_ms: i64,
+    pub remaining_ttl_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+impl ReservationExtendResponse {
+    pub fn new(r: ExtendResult, remaining_ttl_ms: i64) -> Self {
+        ReservationExtendResponse {
+            status: "ACTIVE",
+            expires_at_ms: r.expires_at_ms,
+            remaining_ttl_ms,
+            balances: balances(&r.balances),
+        }
+    }
+}
+
+/// `DecisionRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionRequest {
+    pub idempotency_key: String,
+    pub subject: Subject,
+    pub action: Action,
+    pub estimate: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for DecisionRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        idempotency_key("idempotency_key", &self.idempotency_key)?;
+        self.subject.check("subject")?;
+        self.action.check("action")?;
+        self.estimate.check("estimate")
+    }
+}
+
+impl DecisionRequest {
+    pub fn into_command(self, actor: Actor) -> ledger::DecideCmd {
+        ledger::DecideCmd {
+            actor,
+            idem: idem(&self, &self.idempotency_key),
+            unit: self.estimate.unit.into(),
+            estimate: self.estimate.amount,
+            subject: self.subject.into(),
+        }
+    }
+}
+
+/// `DecisionResponse`.
+#[derive(Debug, Serialize)]
+pub struct DecisionResponse {
+    pub decision: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
+    pub affected_scopes: Vec<String>,
+}
+
+impl From<DecideResult> for DecisionResponse {
+    fn from(r: DecideResult) -> Self {
+        DecisionResponse {
+            decision: r.decision.as_str(),
+            reason_code: r.reason_code,
+            affected_scopes: r.affected_scopes,
+        }
+    }
+}
+
+/// `EventCreateRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventCreateRequest {
+    pub idempotency_key: String,
+    pub subject: Subject,
+    pub action: Action,
+    pub actual: Amount,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overage_policy: Option<WirePolicy>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<StandardMetrics>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_time_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for EventCreateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        idempotency_key("idempotency_key", &self.idempotency_key)?;
+        self.subject.check("subject")?;
+        self.action.check("action")?;
+        self.actual.check("actual")?;
+        if let Some(m) = &self.metrics {
+            m.check("metrics")?;
+        }
+        if let Some(t) = self.client_time_ms {
+            non_negative("client_time_ms", t)?;
+        }
+        Ok(())
+    }
+}
+
+impl EventCreateRequest {
+    pub fn into_command(self, actor: Actor, event_id: String) -> ledger::EventCmd {
+        ledger::EventCmd {
+            actor,
+            idem: idem(&self, &self.idempotency_key),
+            event_id,
+            unit: self.actual.unit.into(),
+            actual: self.actual.amount,
+            overage_policy: self.overage_policy.map(Into::into),
+            subject: self.subject.into(),
+        }
+    }
+}
+
+/// `EventCreateResponse` (201).
+#[derive(Debug, Serialize)]
+pub struct EventCreateResponse {
+    pub status: &'static str,
+    pub event_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charged: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balances: Option<Vec<Balance>>,
+}
+
+impl From<EventResult> for EventCreateResponse {
+    fn from(r: EventResult) -> Self {
+        EventCreateResponse {
+            status: "APPLIED",
+            event_id: r.event_id,
+            charged: r.charged.map(|c| Amount::new(r.unit, c)),
+            balances: balances(&r.balances),
+        }
+    }
+}
+
+/// `ReservationDetail`.
+#[derive(Debug, Serialize)]
+pub struct ReservationDetail {
+    pub reservation_id: String,
+    pub status: &'static str,
+    pub subject: Subject,
+    pub action: Action,
+    pub reserved: Amount,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub scope_path: String,
+    pub affected_scopes: Vec<String>,
+    pub idempotency_key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed: Option<Amount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finalized_at_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed_metadata: Option<Box<RawValue>>,
+}
+
+impl From<&Reservation> for ReservationDetail {
+    fn from(r: &Reservation) -> Self {
+        ReservationDetail {
+            reservation_id: r.reservation_id.clone(),
+            status: r.status.as_str(),
+            subject: Subject::from(&r.subject),
+            action: Action::from(&r.action),
+            reserved: Amount::new(r.unit, r.estimate),
+            created_at_ms: r.created_at_ms,
+            expires_at_ms: r.expires_at_ms,
+            scope_path: r.scope_path.clone(),
+            affected_scopes: r.affected_scopes.clone(),
+            idempotency_key: r.idempotency_key.clone(),
+            committed: r.charged.map(|c| Amount::new(r.unit, c)),
+            finalized_at_ms: r.finalized_at_ms,
+            metadata: metadata_raw(&r.metadata),
+            committed_metadata: metadata_raw(&r.committed_metadata),
+        }
+    }
+}
+
+/// `BalanceResponse`.
+#[derive(Debug, Serialize)]
+pub struct BalanceResponse {
+    pub balances: Vec<Balance>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    pub has_more: bool,
+}

@@ -1,0 +1,77 @@
+//! The application state shared by every handler.
+
+use std::sync::Arc;
+
+use ledger::{Actor, Command, Outcome};
+use protocol::{ApiError, Plane};
+use sha2::{Digest, Sha256};
+use store::{Store, StoreError};
+use subtle::ConstantTimeEq;
+
+use crate::reply::Failure;
+
+pub struct App {
+    store: Arc<dyn Store>,
+    /// SHA-256 of the admin key: compared in constant time, never kept in plain text.
+    admin_key_digest: [u8; 32],
+}
+
+impl App {
+    pub fn new(store: Arc<dyn Store>, admin_api_key: &str) -> Self {
+        App {
+            store,
+            admin_key_digest: Sha256::digest(admin_api_key.as_bytes()).into(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn is_admin_key(&self, presented: &str) -> bool {
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        digest.ct_eq(&self.admin_key_digest).into()
+    }
+
+    /// Executes a command; a refusal becomes the protocol error of `plane`.
+    pub async fn run(
+        &self,
+        command: Command,
+        plane: Plane,
+    ) -> Result<(Outcome, Option<String>), Failure> {
+        match self.store.execute(command).await {
+            Ok(reply) => match reply.result {
+                Ok(outcome) => Ok((outcome, reply.tenant)),
+                Err(rejection) => Err(Failure {
+                    error: ApiError::from_rejection(rejection, plane),
+                    tenant: reply.tenant,
+                }),
+            },
+            Err(StoreError::Unavailable(why)) => Err(ApiError::unavailable(format!(
+                "Storage is unavailable, nothing was recorded: {why}"
+            ))
+            .into()),
+            Err(StoreError::ShuttingDown) => {
+                Err(ApiError::unavailable("The server is shutting down").into())
+            }
+        }
+    }
+
+    /// Parses and validates a request. When that fails, the caller's credentials are checked
+    /// first, so an unauthenticated caller gets 401 rather than a hint about the body.
+    pub async fn validated<T>(
+        &self,
+        actor: &Actor,
+        plane: Plane,
+        parse: impl FnOnce() -> Result<T, ApiError>,
+    ) -> Result<T, Failure> {
+        match parse() {
+            Ok(value) => Ok(value),
+            Err(invalid) => {
+                self.run(Command::Authenticate(actor.clone()), plane)
+                    .await?;
+                Err(invalid.into())
+            }
+        }
+    }
+}

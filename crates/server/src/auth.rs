@@ -1,0 +1,47 @@
+//! Credentials from headers. The admin key is checked here against configuration; a tenant
+//! key becomes the SHA-256 digest of its secret, which the ledger looks up.
+
+use axum::http::HeaderMap;
+use ledger::Actor;
+use protocol::ApiError;
+use sha2::{Digest, Sha256};
+
+use crate::app::App;
+
+pub const API_KEY_HEADER: &str = "x-cycles-api-key";
+pub const ADMIN_KEY_HEADER: &str = "x-admin-api-key";
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// A tenant key is required (`X-Cycles-API-Key`).
+pub fn tenant(headers: &HeaderMap) -> Result<Actor, ApiError> {
+    let secret = header(headers, API_KEY_HEADER)
+        .ok_or_else(|| ApiError::unauthorized("Missing API key (X-Cycles-API-Key)"))?;
+    Ok(Actor::ApiKey(Sha256::digest(secret.as_bytes()).into()))
+}
+
+/// The admin key is required (`X-Admin-API-Key`).
+pub fn admin(app: &App, headers: &HeaderMap) -> Result<Actor, ApiError> {
+    match header(headers, ADMIN_KEY_HEADER) {
+        Some(key) if app.is_admin_key(key) => Ok(Actor::Admin),
+        Some(_) => Err(ApiError::unauthorized("Invalid admin API key")),
+        None => Err(ApiError::unauthorized(
+            "Missing admin API key (X-Admin-API-Key)",
+        )),
+    }
+}
+
+/// Either key: the admin key when it is presented (and then it must be right), otherwise a
+/// tenant key.
+pub fn admin_or_tenant(app: &App, headers: &HeaderMap) -> Result<Actor, ApiError> {
+    if header(headers, ADMIN_KEY_HEADER).is_some() {
+        admin(app, headers)
+    } else {
+        tenant(headers)
+    }
+}

@@ -1,0 +1,42 @@
+//! Identifiers and secrets. The ledger never invents ids; they are made here.
+
+use rand::distr::{Alphanumeric, SampleString};
+use uuid::Uuid;
+
+pub fn request_id() -> String {
+    Uuid::new_v4().to_string()
+}
+
+pub fn reservation_id() -> String {
+    format!("rsv_{}", Uuid::new_v4().simple())
+}
+
+pub fn event_id() -> String {
+    format!("evt_{}", Uuid::new_v4().simple())
+}
+
+pub fn key_id() -> String {
+    format!("key_{}", &Uuid::new_v4().simple().to_string()[..16])
+}
+
+pub fn ledger_id() -> String {
+    Uuid::new_v4().to_string()
+}
+
+/// A new tenant API key: `cyc_live_` + 32 random alphanumeric characters (≈190 bits).
+pub fn new_key_secret() -> String {
+    format!(
+        "cyc_live_{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 32)
+    )
+}
+
+/// A random W3C trace id (32 lowercase hex, never all zero).
+pub fn trace_id() -> String {
+    loop {
+        let id = Uuid::new_v4().simple().to_string();
+        if id.bytes().any(|b| b != b'0') {
+            return id;
+        }
+    }
+}

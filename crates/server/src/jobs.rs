@@ -1,0 +1,62 @@
+//! Background jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ledger::{Command, Outcome};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::app::App;
+
+/// Work done per maintenance command: bounded, so the ledger thread is never held long.
+const SWEEP_BATCH: usize = 1_000;
+
+pub struct Sweeper {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Sweeper {
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Expires reservations past their grace (returning their holds) and evicts records past
+/// their retention, through the store like any other command, so replays are deterministic.
+pub fn spawn_sweeper(app: Arc<App>, interval: Duration) -> Sweeper {
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stopped.changed() => return,
+            }
+            // Keep going while whole batches come back: a backlog drains in one tick.
+            loop {
+                let reply = app
+                    .store()
+                    .execute(Command::Maintain { limit: SWEEP_BATCH })
+                    .await;
+                match reply.map(|r| r.result) {
+                    Ok(Ok(Outcome::Maintained { expired, evicted }))
+                        if expired == SWEEP_BATCH || evicted == SWEEP_BATCH => {}
+                    Ok(Ok(_)) => break,
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "maintenance refused");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "maintenance failed");
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    Sweeper { stop, task }
+}

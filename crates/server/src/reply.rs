@@ -1,0 +1,80 @@
+//! Building responses.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ledger::Outcome;
+use protocol::ApiError;
+use serde::Serialize;
+
+pub const TENANT_HEADER: &str = "x-cycles-tenant";
+
+/// An error answer, with the caller's tenant when it is known.
+#[derive(Debug)]
+pub struct Failure {
+    pub error: ApiError,
+    pub tenant: Option<String>,
+}
+
+impl From<ApiError> for Failure {
+    fn from(error: ApiError) -> Self {
+        Failure {
+            error,
+            tenant: None,
+        }
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = status.into_response();
+        // The correlation layer writes the body, with the request's ids.
+        response.extensions_mut().insert(self.error);
+        with_tenant(response, self.tenant.as_deref())
+    }
+}
+
+pub type Answer = Result<Response, Failure>;
+
+/// A JSON success body.
+pub fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => {
+            Failure::from(ApiError::internal(format!("response encoding: {e}"))).into_response()
+        }
+    }
+}
+
+pub fn with_tenant(mut response: Response, tenant: Option<&str>) -> Response {
+    if let Some(v) = tenant.and_then(|t| HeaderValue::from_str(t).ok()) {
+        response.headers_mut().insert(TENANT_HEADER, v);
+    }
+    response
+}
+
+/// Adds `Date` (documentation only: clients must use `expires_at_ms`, never this).
+pub fn with_date(mut response: Response) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now())) {
+        response.headers_mut().insert(header::DATE, v);
+    }
+    response
+}
+
+/// The store answered a command with an outcome of another kind: a broken invariant.
+pub fn unexpected(outcome: &Outcome) -> Failure {
+    ApiError::internal(format!(
+        "unexpected outcome {:?}",
+        std::mem::discriminant(outcome)
+    ))
+    .into()
+}

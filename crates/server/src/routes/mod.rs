@@ -1,0 +1,53 @@
+//! The route table.
+
+mod admin;
+mod health;
+mod runtime;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use protocol::MAX_BODY_BYTES;
+
+use crate::app::App;
+use crate::correlation;
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/actuator/health", get(health::health))
+        .route("/actuator/health/liveness", get(health::liveness))
+        .route("/actuator/health/readiness", get(health::health))
+        .route("/v1/reservations", post(runtime::create_reservation))
+        .route("/v1/reservations/{id}", get(runtime::get_reservation))
+        .route("/v1/reservations/{id}/commit", post(runtime::commit))
+        .route("/v1/reservations/{id}/release", post(runtime::release))
+        .route("/v1/reservations/{id}/extend", post(runtime::extend))
+        .route("/v1/decide", post(runtime::decide))
+        .route("/v1/events", post(runtime::create_event))
+        .route("/v1/balances", get(runtime::balances))
+        .route("/v1/admin/tenants", post(admin::create_tenant))
+        .route(
+            "/v1/admin/tenants/{id}",
+            get(admin::get_tenant).patch(admin::update_tenant),
+        )
+        .route("/v1/admin/api-keys", post(admin::create_api_key))
+        .route(
+            "/v1/admin/api-keys/{id}",
+            axum::routing::delete(admin::revoke_api_key),
+        )
+        .route(
+            "/v1/admin/budgets",
+            post(admin::create_budget)
+                .get(admin::list_budgets)
+                .patch(admin::update_budget),
+        )
+        .route("/v1/admin/budgets/lookup", get(admin::lookup_budget))
+        .route("/v1/admin/budgets/fund", post(admin::fund_budget))
+        .route("/v1/admin/budgets/freeze", post(admin::freeze_budget))
+        .route("/v1/admin/budgets/unfreeze", post(admin::unfreeze_budget))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(correlation::layer))
+        .with_state(app)
+}

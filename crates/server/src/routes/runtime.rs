@@ -1,0 +1,288 @@
+//! The runtime plane: reserve, commit, release, extend, decide, events, reads.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use ledger::{BalanceQuery, Command, Outcome, SCOPE_LEVELS};
+use protocol::runtime::{
+    check_header_key, BalanceResponse, CommitRequest, CommitResponse, DecisionRequest,
+    DecisionResponse, EventCreateRequest, EventCreateResponse, ReleaseRequest, ReleaseResponse,
+    ReservationCreateRequest, ReservationCreateResponse, ReservationDetail,
+    ReservationExtendRequest, ReservationExtendResponse,
+};
+use protocol::{
+    decode_budget_cursor, encode_budget_cursor, parse_body, ApiError, Balance, Plane, Validate,
+    MAX_PAGE_SIZE,
+};
+use serde::de::DeserializeOwned;
+
+use crate::app::App;
+use crate::auth;
+use crate::ids;
+use crate::query::Query;
+use crate::reply::{json, unexpected, with_date, with_tenant, Answer, Failure};
+
+const IDEMPOTENCY_HEADER: &str = "x-idempotency-key";
+
+/// An idempotent request body: its key must match the `X-Idempotency-Key` header.
+trait Keyed {
+    fn key(&self) -> &str;
+}
+
+macro_rules! keyed {
+    ($($t:ty),*) => {$(impl Keyed for $t { fn key(&self) -> &str { &self.idempotency_key } })*};
+}
+keyed!(
+    ReservationCreateRequest,
+    CommitRequest,
+    ReleaseRequest,
+    ReservationExtendRequest,
+    DecisionRequest,
+    EventCreateRequest
+);
+
+/// Parses an idempotent body and checks it against the header (401 first, then 400).
+async fn keyed_body<T: DeserializeOwned + Validate + Keyed>(
+    app: &App,
+    actor: &ledger::Actor,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<T, Failure> {
+    app.validated(actor, Plane::Runtime, || {
+        let request: T = parse_body(body)?;
+        let header = headers
+            .get(IDEMPOTENCY_HEADER)
+            .and_then(|v| v.to_str().ok());
+        check_header_key(header, request.key())?;
+        Ok(request)
+    })
+    .await
+}
+
+fn reservation_path(id: &str) -> Result<String, ApiError> {
+    if id.is_empty() || id.chars().count() > 128 {
+        return Err(ApiError::invalid(
+            "reservation_id: must be 1 to 128 characters",
+        ));
+    }
+    Ok(id.to_string())
+}
+
+pub async fn create_reservation(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let actor = auth::tenant(&headers)?;
+    let request: ReservationCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;
+    let command = request.into_command(actor, ids::reservation_id());
+    let (outcome, tenant) = app.run(Command::Reserve(command), Plane::Runtime).await?;
+    let Outcome::Reserved {
+        result,
+        remaining_ttl_ms,
+        ..
+    } = outcome
+    else {
+        return Err(unexpected(&outcome));
+    };
+    let response = json(
+        StatusCode::OK,
+        &ReservationCreateResponse::new(result, remaining_ttl_ms),
+    );
+    Ok(with_date(with_tenant(response, tenant.as_deref())))
+}
+
+pub async fn commit(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let actor = auth::tenant(&headers)?;
+    let request: CommitRequest = keyed_body(&app, &actor, &headers, &body).await?;
+    let id = app
+        .validated(&actor, Plane::Runtime, || reservation_path(&id))
+        .await?;
+    let (outcome, tenant) = app
+        .run(
+            Command::Commit(request.into_command(actor, id)),
+            Plane::Runtime,
+        )
+        .await?;
+    let Outcome::Committed { result, .. } = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    Ok(with_tenant(
+        json(StatusCode::OK, &CommitResponse::from(result)),
+        tenant.as_deref(),
+    ))
+}
+
+pub async fn release(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let request: ReleaseRequest = keyed_body(&app, &actor, &headers, &body).await?;
+    let id = app
+        .validated(&actor, Plane::Runtime, || reservation_path(&id))
+        .await?;
+    let (outcome, tenant) = app
+        .run(
+            Command::Release(request.into_command(actor, id)),
+            Plane::Runtime,
+        )
+        .await?;
+    let Outcome::Released { result, .. } = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    Ok(with_tenant(
+        json(StatusCode::OK, &ReleaseResponse::from(result)),
+        tenant.as_deref(),
+    ))
+}
+
+pub async fn extend(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let actor = auth::tenant(&headers)?;
+    let request: ReservationExtendRequest = keyed_body(&app, &actor, &headers, &body).await?;
+    let id = app
+        .validated(&actor, Plane::Runtime, || reservation_path(&id))
+        .await?;
+    let (outcome, tenant) = app
+        .run(
+            Command::Extend(request.into_command(actor, id)),
+            Plane::Runtime,
+        )
+        .await?;
+    let Outcome::Extended {
+        result,
+        remaining_ttl_ms,
+        ..
+    } = outcome
+    else {
+        return Err(unexpected(&outcome));
+    };
+    let response = json(
+        StatusCode::OK,
+        &ReservationExtendResponse::new(result, remaining_ttl_ms),
+    );
+    Ok(with_date(with_tenant(response, tenant.as_deref())))
+}
+
+pub async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
+    let actor = auth::tenant(&headers)?;
+    let request: DecisionRequest = keyed_body(&app, &actor, &headers, &body).await?;
+    let (outcome, tenant) = app
+        .run(Command::Decide(request.into_command(actor)), Plane::Runtime)
+        .await?;
+    let Outcome::Decided { result, .. } = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    Ok(with_tenant(
+        json(StatusCode::OK, &DecisionResponse::from(result)),
+        tenant.as_deref(),
+    ))
+}
+
+pub async fn create_event(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
+    let actor = auth::tenant(&headers)?;
+    let request: EventCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;
+    let command = request.into_command(actor, ids::event_id());
+    let (outcome, tenant) = app.run(Command::Event(command), Plane::Runtime).await?;
+    let Outcome::EventApplied { result, .. } = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    Ok(with_tenant(
+        json(StatusCode::CREATED, &EventCreateResponse::from(result)),
+        tenant.as_deref(),
+    ))
+}
+
+pub async fn get_reservation(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let id = app
+        .validated(&actor, Plane::Runtime, || reservation_path(&id))
+        .await?;
+    let command = Command::GetReservation {
+        actor,
+        reservation_id: id,
+    };
+    let (outcome, tenant) = app.run(command, Plane::Runtime).await?;
+    let Outcome::Reservation(r) = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    Ok(with_tenant(
+        json(StatusCode::OK, &ReservationDetail::from(r.as_ref())),
+        tenant.as_deref(),
+    ))
+}
+
+/// Parses the balance filters: at least one subject level is required.
+fn balance_query(actor: ledger::Actor, q: &Query) -> Result<BalanceQuery, ApiError> {
+    let filters: Vec<(&'static str, String)> = SCOPE_LEVELS[1..]
+        .iter()
+        .filter_map(|level| q.get(level).map(|v| (*level, v.to_lowercase())))
+        .collect();
+    let tenant = q.get("tenant").map(str::to_string);
+    if tenant.is_none() && filters.is_empty() {
+        return Err(ApiError::invalid(
+            "At least one of tenant, workspace, app, workflow, agent, toolset is required",
+        ));
+    }
+    q.bool("include_children")?;
+    Ok(BalanceQuery {
+        actor,
+        tenant,
+        filters,
+        limit: q.limit(MAX_PAGE_SIZE)?,
+        after: q.get("cursor").map(decode_budget_cursor).transpose()?,
+    })
+}
+
+pub async fn balances(
+    State(app): State<Arc<App>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Answer {
+    let actor = auth::tenant(&headers)?;
+    let q = Query::parse(raw.as_deref());
+    let query = app
+        .validated(&actor, Plane::Runtime, || balance_query(actor.clone(), &q))
+        .await?;
+    let (outcome, tenant) = app.run(Command::Balances(query), Plane::Runtime).await?;
+    let Outcome::Balances { budgets, has_more } = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    let next_cursor = has_more
+        .then(|| {
+            budgets
+                .last()
+                .map(|b| encode_budget_cursor(&b.scope, b.unit))
+        })
+        .flatten();
+    let response = BalanceResponse {
+        balances: budgets
+            .iter()
+            .map(|b| Balance::from(&ledger::Balance::from(b)))
+            .collect(),
+        next_cursor,
+        has_more,
+    };
+    Ok(with_tenant(
+        json(StatusCode::OK, &response),
+        tenant.as_deref(),
+    ))
+}

@@ -1,0 +1,50 @@
+//! File naming and durable-file helpers shared by the journal and snapshots.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The on-disk format version written in every file header.
+pub const FORMAT_VERSION: u32 = 1;
+
+pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
+    dir.join(format!("journal-{first_seq:020}.log"))
+}
+
+pub fn snapshot_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("snapshot-{seq:020}.bin"))
+}
+
+/// Files named `{prefix}{seq:020}{suffix}` in `dir`, sorted by sequence number.
+pub fn list_numbered(dir: &Path, prefix: &str, suffix: &str) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(num) = name
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix(suffix))
+        else {
+            continue;
+        };
+        if let Ok(seq) = num.parse::<u64>() {
+            out.push((seq, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    list_numbered(dir, "journal-", ".log")
+}
+
+pub fn list_snapshots(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    list_numbered(dir, "snapshot-", ".bin")
+}
+
+/// Makes a directory entry change (create, rename, delete) durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
