@@ -1789,4 +1789,3 @@ proptest! {
         check_restore_midway(&driver, split)?;
     }
 }
-

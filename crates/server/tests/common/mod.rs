@@ -1,0 +1,318 @@
+//! The behaviour-test harness: a real server on port 0, driven over real HTTP.
+//!
+//! Every behaviour test is written once against [`TestServer`] and stamped out per storage
+//! engine by [`engine_tests!`]. Time is a [`ManualClock`]: tests move it instead of sleeping.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use serde_json::{json, Value};
+use server::{BoundServer, ServerOptions};
+use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
+use store::ManualClock;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const ADMIN_KEY: &str = "test-admin-key";
+/// A fixed start time, so expiry arithmetic in tests is exact.
+pub const T0: i64 = 1_800_000_000_000;
+
+/// The storage engines the behaviour suite runs against.
+#[derive(Debug, Clone, Copy)]
+pub enum Engine {
+    /// The embedded engine with strict durability in a temporary data directory.
+    Embedded,
+}
+
+/// Stamps each listed `async fn name(engine: Engine)` out as one `#[tokio::test]` per engine.
+#[macro_export]
+macro_rules! engine_tests {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Engine::Embedded).await
+                }
+            )*
+        }
+    };
+}
+
+/// Who a request is sent as.
+#[derive(Clone, Copy)]
+pub enum As<'a> {
+    Nobody,
+    Admin,
+    Key(&'a str),
+}
+
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The `error` code of an error body.
+    pub fn code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+
+    /// Asserts the status and, for errors, the code; returns the body.
+    #[track_caller]
+    pub fn expect(&self, status: u16, code: Option<&str>) -> &Value {
+        assert_eq!(
+            self.status, status,
+            "unexpected status; body: {}",
+            self.body
+        );
+        if let Some(code) = code {
+            assert_eq!(
+                self.code(),
+                code,
+                "unexpected error code; body: {}",
+                self.body
+            );
+        }
+        &self.body
+    }
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub clock: Arc<ManualClock>,
+    http: reqwest::Client,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+    pub dir: TempDir,
+}
+
+impl TestServer {
+    pub async fn start(engine: Engine) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(ManualClock::new(T0));
+        let store: Arc<dyn store::Store> = match engine {
+            Engine::Embedded => {
+                let config = EmbeddedConfig::new(dir.path(), Durability::Strict, clock.clone());
+                Arc::new(EmbeddedStore::open(config).expect("open store").0)
+            }
+        };
+        let options = ServerOptions {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            admin_api_key: ADMIN_KEY.into(),
+            sweep_interval: Duration::from_millis(20),
+        };
+        let bound = BoundServer::bind(store, options).await.expect("bind");
+        let base = format!("http://{}", bound.local_addr().expect("addr"));
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(bound.run(async {
+            let _ = rx.await;
+        }));
+        TestServer {
+            base,
+            clock,
+            http: reqwest::Client::new(),
+            shutdown: Some(tx),
+            task: Some(task),
+            dir,
+        }
+    }
+
+    /// Stops the server gracefully (flushing the store).
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task").expect("server run");
+        }
+    }
+
+    pub fn advance(&self, ms: i64) {
+        self.clock.advance(ms);
+    }
+
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        who: As<'_>,
+        body: Option<&Value>,
+    ) -> Resp {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        req = match who {
+            As::Nobody => req,
+            As::Admin => req.header("X-Admin-API-Key", ADMIN_KEY),
+            As::Key(k) => req.header("X-Cycles-API-Key", k),
+        };
+        if let Some(body) = body {
+            if let Some(key) = body.get("idempotency_key").and_then(Value::as_str) {
+                req = req.header("X-Idempotency-Key", key);
+            }
+            req = req.json(body);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Resp {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn post(&self, path: &str, who: As<'_>, body: Value) -> Resp {
+        self.send(reqwest::Method::POST, path, who, Some(&body))
+            .await
+    }
+
+    pub async fn get(&self, path: &str, who: As<'_>) -> Resp {
+        self.send(reqwest::Method::GET, path, who, None).await
+    }
+
+    /// Sends raw bytes (for malformed-body tests).
+    pub async fn post_raw(&self, path: &str, who: As<'_>, body: Vec<u8>) -> Resp {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("Content-Type", "application/json")
+            .body(body);
+        if let As::Key(k) = who {
+            req = req.header("X-Cycles-API-Key", k);
+        }
+        if let As::Admin = who {
+            req = req.header("X-Admin-API-Key", ADMIN_KEY);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        Resp {
+            status,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        }
+    }
+
+    /// Creates a tenant (admin).
+    pub async fn tenant(&self, id: &str) {
+        self.tenant_with(json!({"tenant_id": id, "name": id})).await;
+    }
+
+    pub async fn tenant_with(&self, body: Value) {
+        let r = self.post("/v1/admin/tenants", As::Admin, body).await;
+        assert!(r.status == 201 || r.status == 200, "tenant: {}", r.body);
+    }
+
+    /// Creates an API key for a tenant with the default permissions; returns its secret.
+    pub async fn key(&self, tenant: &str) -> String {
+        let r = self
+            .post(
+                "/v1/admin/api-keys",
+                As::Admin,
+                json!({"tenant_id": tenant, "name": "test"}),
+            )
+            .await;
+        r.expect(201, None)["key_secret"]
+            .as_str()
+            .expect("secret")
+            .to_string()
+    }
+
+    /// Creates a budget (admin) with optional extra fields merged into the body.
+    pub async fn budget(&self, scope: &str, unit: &str, allocated: i64, extra: Value) -> Value {
+        let tenant = scope
+            .split('/')
+            .next()
+            .unwrap()
+            .trim_start_matches("tenant:");
+        let mut body = json!({
+            "tenant_id": tenant,
+            "scope": scope,
+            "unit": unit,
+            "allocated": {"unit": unit, "amount": allocated},
+        });
+        if let Value::Object(extra) = extra {
+            for (k, v) in extra {
+                body[k] = v;
+            }
+        }
+        let r = self.post("/v1/admin/budgets", As::Admin, body).await;
+        r.expect(201, None).clone()
+    }
+
+    /// A tenant, a key and a USD_MICROCENTS budget at `tenant:<id>`; returns the key.
+    pub async fn setup(&self, tenant: &str, allocated: i64) -> String {
+        self.tenant(tenant).await;
+        let key = self.key(tenant).await;
+        self.budget(
+            &format!("tenant:{tenant}"),
+            "USD_MICROCENTS",
+            allocated,
+            json!({}),
+        )
+        .await;
+        key
+    }
+
+    /// The budget at `(scope, unit)`, via the admin lookup.
+    pub async fn ledger(&self, scope: &str, unit: &str) -> Value {
+        let r = self
+            .get(
+                &format!("/v1/admin/budgets/lookup?scope={scope}&unit={unit}"),
+                As::Admin,
+            )
+            .await;
+        let b = r.expect(200, None).clone();
+        assert_invariant(&b);
+        b
+    }
+}
+
+/// `remaining = allocated − spent − reserved − debt` on a Balance or BudgetLedger body.
+#[track_caller]
+pub fn assert_invariant(b: &Value) {
+    let n = |f: &str| {
+        b[f]["amount"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{f} missing in {b}"))
+    };
+    assert_eq!(
+        n("remaining"),
+        n("allocated") - n("spent") - n("reserved") - n("debt"),
+        "ledger invariant broken: {b}"
+    );
+}
+
+/// The amount of a named Amount field.
+pub fn amount(b: &Value, field: &str) -> i64 {
+    b[field]["amount"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{field} missing in {b}"))
+}
+
+/// A reserve body for `subject` and `estimate` USD_MICROCENTS.
+pub fn reserve_body(key: &str, subject: Value, estimate: i64) -> Value {
+    json!({
+        "idempotency_key": key,
+        "subject": subject,
+        "action": {"kind": "llm.completion", "name": "gpt-4o-mini"},
+        "estimate": {"unit": "USD_MICROCENTS", "amount": estimate},
+    })
+}
