@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use server::{BoundServer, ServerOptions};
+use server::{BoundServer, RateLimit, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 use store::SystemClock;
 
@@ -45,6 +45,12 @@ pub struct ServeArgs {
     /// Journal size (MiB) after which a snapshot is written and older journal dropped.
     #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_MIB", default_value_t = 256)]
     snapshot_after_mib: u64,
+    /// Requests per second allowed per API key (0 = no limit). Over it: 429 LIMIT_EXCEEDED.
+    #[arg(long, env = "CYCLES_RATE_LIMIT_PER_SECOND", default_value_t = 0.0)]
+    rate_limit_per_second: f64,
+    /// Requests a key may burst above its rate (default: one second's worth).
+    #[arg(long, env = "CYCLES_RATE_LIMIT_BURST")]
+    rate_limit_burst: Option<f64>,
     /// Log filter (e.g. info, debug, server=debug).
     #[arg(long, env = "CYCLES_LOG", default_value = "info")]
     log: String,
@@ -83,6 +89,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         admin_api_key,
         sweep_interval: Duration::from_millis(args.sweep_interval_ms.max(10)),
+        rate_limit: (args.rate_limit_per_second > 0.0).then(|| RateLimit {
+            per_second: args.rate_limit_per_second,
+            burst: args
+                .rate_limit_burst
+                .unwrap_or(args.rate_limit_per_second)
+                .max(1.0),
+        }),
     };
     let bound = BoundServer::bind(Arc::new(store), options)
         .await

@@ -112,6 +112,28 @@ pub struct BalanceQuery {
     pub after: Option<(String, Unit)>,
 }
 
+/// `GET /v1/reservations`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    pub actor: Actor,
+    /// With a tenant key: validation only (must be the key's tenant). With the admin key:
+    /// required, and the tenant listed.
+    pub tenant: Option<String>,
+    /// The create idempotency key: at most one row.
+    pub idempotency_key: Option<String>,
+    pub status: Option<crate::ReservationStatus>,
+    /// `(level, lower-cased value)` pairs the subject must match.
+    pub filters: Vec<(&'static str, String)>,
+    /// Inclusive bounds on `created_at_ms`, `expires_at_ms` and `finalized_at_ms`.
+    pub created: (Option<Millis>, Option<Millis>),
+    pub expires: (Option<Millis>, Option<Millis>),
+    pub finalized: (Option<Millis>, Option<Millis>),
+    pub sort_by: crate::SortBy,
+    pub descending: bool,
+    pub limit: usize,
+    pub after: Option<crate::Position>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewTenant {
     pub tenant_id: String,
@@ -210,6 +232,7 @@ pub enum Command {
         reservation_id: String,
     },
     Balances(BalanceQuery),
+    ListReservations(ListQuery),
     CreateTenant {
         actor: Actor,
         tenant: NewTenant,
@@ -276,6 +299,7 @@ impl Command {
             Command::Authenticate(_)
                 | Command::GetReservation { .. }
                 | Command::Balances(_)
+                | Command::ListReservations(_)
                 | Command::GetTenant { .. }
                 | Command::ListBudgets { .. }
                 | Command::LookupBudget { .. }

@@ -13,6 +13,7 @@ mod budget;
 mod command;
 mod error;
 mod idempotency;
+mod listing;
 mod outcome;
 mod reservation;
 mod scope;
@@ -29,6 +30,7 @@ pub use budget::{
 pub use command::*;
 pub use error::Rejection;
 pub use idempotency::{Endpoint, IdemKey, IdemRecord};
+pub use listing::{position, Position, SortBy, SortValue};
 pub use outcome::*;
 pub use reservation::{Action, Reservation, ReservationStatus};
 pub use scope::{derive_scopes, has_segment, leaf_segment, scope_tenant, Subject, SCOPE_LEVELS};

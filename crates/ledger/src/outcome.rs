@@ -161,6 +161,11 @@ pub enum Outcome {
     },
     /// A reservation as of now (its status already reflects a lapsed grace period).
     Reservation(Box<Reservation>),
+    Reservations {
+        rows: Vec<Reservation>,
+        /// Where the next page starts, when there may be more.
+        next: Option<crate::Position>,
+    },
     Balances {
         budgets: Vec<Budget>,
         has_more: bool,

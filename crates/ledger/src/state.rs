@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
+use crate::listing::ListIndex;
 use crate::{
     ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Reservation, ReservationStatus, Tenant,
 };
@@ -44,8 +45,8 @@ pub struct State {
     pub(crate) idempotency: HashMap<IdemKey, IdemRecord>,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
     pub(crate) expiry_index: BTreeSet<(Millis, String)>,
-    /// Reservations per tenant by creation time.
-    pub(crate) created_index: BTreeSet<(String, Millis, String)>,
+    /// Per-tenant listing orders.
+    pub(crate) list_index: HashMap<String, ListIndex>,
     /// Terminal reservations and idempotency records by eviction time.
     pub(crate) retention_index: BTreeSet<(Millis, Evictable)>,
 }
@@ -142,8 +143,10 @@ impl State {
 
     fn index_reservation(&mut self, r: &Reservation) {
         let id = r.reservation_id.clone();
-        self.created_index
-            .insert((r.tenant_id.clone(), r.created_at_ms, id.clone()));
+        self.list_index
+            .entry(r.tenant_id.clone())
+            .or_default()
+            .insert(r);
         match terminal_time(r) {
             None => {
                 self.expiry_index.insert((r.settle_deadline(), id));
@@ -159,8 +162,12 @@ impl State {
 
     fn unindex_reservation(&mut self, r: &Reservation) {
         let id = r.reservation_id.clone();
-        self.created_index
-            .remove(&(r.tenant_id.clone(), r.created_at_ms, id.clone()));
+        if let Some(index) = self.list_index.get_mut(&r.tenant_id) {
+            index.remove(r);
+            if index.is_empty() {
+                self.list_index.remove(&r.tenant_id);
+            }
+        }
         match terminal_time(r) {
             None => {
                 self.expiry_index.remove(&(r.settle_deadline(), id));

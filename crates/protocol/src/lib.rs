@@ -8,6 +8,7 @@ mod common;
 mod cursor;
 mod error;
 mod fingerprint;
+pub mod listing;
 pub mod runtime;
 mod time;
 mod validate;

@@ -11,6 +11,7 @@ pub mod correlation;
 mod ids;
 mod jobs;
 mod query;
+mod ratelimit;
 mod reply;
 mod routes;
 
@@ -26,6 +27,7 @@ use tokio::net::TcpListener;
 
 pub use app::App;
 pub use ids::new_key_secret;
+pub use ratelimit::RateLimit;
 
 /// What the HTTP layer needs to know.
 #[derive(Debug, Clone)]
@@ -35,6 +37,8 @@ pub struct ServerOptions {
     pub admin_api_key: String,
     /// How often the maintenance job expires lapsed reservations and evicts old records.
     pub sweep_interval: Duration,
+    /// Per-credential request rate limit; `None` disables it.
+    pub rate_limit: Option<RateLimit>,
 }
 
 /// A server bound to its address, ready to run.
@@ -42,6 +46,7 @@ pub struct BoundServer {
     listener: TcpListener,
     app: Arc<App>,
     sweep_interval: Duration,
+    rate_limit: Option<RateLimit>,
 }
 
 impl BoundServer {
@@ -51,6 +56,7 @@ impl BoundServer {
             listener,
             app: Arc::new(App::new(store, &options.admin_api_key)),
             sweep_interval: options.sweep_interval,
+            rate_limit: options.rate_limit,
         })
     }
 
@@ -62,14 +68,17 @@ impl BoundServer {
     /// stops the background jobs and flushes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> io::Result<()> {
         let sweeper = jobs::spawn_sweeper(self.app.clone(), self.sweep_interval);
-        let router = routes::router(self.app.clone());
+        let router = routes::router(self.app.clone(), self.rate_limit);
         let listener = self.listener.tap_io(|tcp| {
             // Replies are small and latency-bound: do not wait to coalesce them.
             let _ = tcp.set_nodelay(true);
         });
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let served = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await;
         sweeper.stop().await;
         self.app.store().shutdown().await;
         served

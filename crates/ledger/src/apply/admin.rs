@@ -6,8 +6,8 @@ use crate::{
     fund, scope_tenant, tenant, Actor, ApiKey, ApiKeyStatus, Balance, Budget, BudgetKey,
     BudgetListQuery, BudgetPatch, BudgetStatus, Effect, Endpoint, ExpiryPolicy, FundCmd,
     FundResult, IdemKey, NewApiKey, NewBudget, NewTenant, Outcome, OveragePolicy, Permission,
-    Rejection, RolloverPolicy, StoredOutcome, Tenant, TenantPatch, TenantStatus, Unit,
-    SCOPE_LEVELS,
+    Rejection, ReservationStatus, RolloverPolicy, SortBy, StoredOutcome, Tenant, TenantPatch,
+    TenantStatus, Unit, SCOPE_LEVELS,
 };
 
 use super::{Tx, DAY_MS};
@@ -85,6 +85,7 @@ impl Tx<'_> {
     ) -> Result<Outcome, Rejection> {
         self.require_admin(actor)?;
         let mut t = self.existing_tenant(id)?.clone();
+        let mut closing = false;
         if let Some(status) = patch.status {
             if t.status == TenantStatus::Closed && status != TenantStatus::Closed {
                 return Err(Rejection::InvalidRequest(
@@ -92,6 +93,7 @@ impl Tx<'_> {
                 ));
             }
             if status != t.status {
+                closing = status == TenantStatus::Closed;
                 match status {
                     TenantStatus::Suspended => t.suspended_at_ms = Some(self.now),
                     TenantStatus::Closed => t.closed_at_ms = Some(self.now),
@@ -120,10 +122,62 @@ impl Tx<'_> {
         }
         t.updated_at_ms = self.now;
         self.put(Effect::PutTenant(t.clone()));
+        if closing {
+            self.close_cascade(&t.tenant_id)?;
+        }
         Ok(Outcome::Tenant {
             tenant: t,
             created: false,
         })
+    }
+
+    /// Closing a tenant is terminal: its open reservations are released (their holds return)
+    /// and its budgets are closed, in the same step as the status change. Its API keys keep
+    /// authenticating so that replays and reads still work; every mutation is refused with
+    /// TENANT_CLOSED by the guard.
+    fn close_cascade(&mut self, tenant_id: &str) -> Result<(), Rejection> {
+        let active: Vec<String> = self
+            .state
+            .list_index
+            .get(tenant_id)
+            .map(|index| {
+                index
+                    .ids(
+                        SortBy::CreatedAt,
+                        false,
+                        None,
+                        Some(ReservationStatus::Active),
+                        (None, None),
+                    )
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in active {
+            let Some(r) = self.state.reservations.get(&id).cloned() else {
+                continue;
+            };
+            self.release_hold(r, Some("tenant_closed".into()))?;
+        }
+        let root = format!("tenant:{tenant_id}");
+        let budgets: Vec<Budget> = self
+            .state
+            .budgets
+            .range(
+                BudgetKey {
+                    scope: root.clone(),
+                    unit: Unit::ALL[0],
+                }..,
+            )
+            .map(|(_, b)| b)
+            .take_while(|b| b.scope.starts_with(&root))
+            .filter(|b| b.tenant_id == tenant_id && b.status != BudgetStatus::Closed)
+            .map(|b| Budget {
+                status: BudgetStatus::Closed,
+                ..b.clone()
+            })
+            .collect();
+        self.put_budgets(budgets)
     }
 
     /// Refuses writes on behalf of a tenant that is not ACTIVE.

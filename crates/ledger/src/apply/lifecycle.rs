@@ -67,13 +67,21 @@ impl Tx<'_> {
         Ok(budgets)
     }
 
-    /// Expires an ACTIVE reservation: its hold returns to every budget it was taken from.
-    pub(crate) fn expire(&mut self, r: &Reservation) -> Result<(), Rejection> {
+    /// Gives a reservation's hold back to every budget it was taken from; returns the new
+    /// balances.
+    fn return_hold(&mut self, r: &Reservation) -> Result<Vec<Balance>, Rejection> {
         let mut budgets = self.held_budgets(r)?;
         for b in &mut budgets {
             b.unhold(r.estimate)?;
         }
+        let balances = budgets.iter().map(Balance::from).collect();
         self.put_budgets(budgets)?;
+        Ok(balances)
+    }
+
+    /// Expires an ACTIVE reservation: its hold returns to every budget it was taken from.
+    pub(crate) fn expire(&mut self, r: &Reservation) -> Result<(), Rejection> {
+        self.return_hold(r)?;
         let mut expired = r.clone();
         expired.status = ReservationStatus::Expired;
         expired.expired_at_ms = Some(self.now);
@@ -174,21 +182,7 @@ impl Tx<'_> {
         }
         self.settleable(&r)?;
         self.refuse_if_lapsed(&r)?;
-        let mut budgets = self.held_budgets(&r)?;
-        for b in &mut budgets {
-            b.unhold(r.estimate)?;
-        }
-        let result = ReleaseResult {
-            unit: r.unit,
-            released: r.estimate,
-            balances: budgets.iter().map(Balance::from).collect(),
-        };
-        self.put_budgets(budgets)?;
-        let mut released = r;
-        released.status = ReservationStatus::Released;
-        released.finalized_at_ms = Some(self.now);
-        released.release_reason = cmd.reason;
-        self.put(Effect::PutReservation(Box::new(released)));
+        let result = self.release_hold(r, cmd.reason)?;
         self.remember(
             idem_key,
             cmd.idem.fingerprint,
@@ -199,6 +193,25 @@ impl Tx<'_> {
             result,
             replayed: false,
         })
+    }
+
+    /// Releases an ACTIVE reservation: its hold returns to every budget it was taken from.
+    pub(crate) fn release_hold(
+        &mut self,
+        r: Reservation,
+        reason: Option<String>,
+    ) -> Result<ReleaseResult, Rejection> {
+        let result = ReleaseResult {
+            unit: r.unit,
+            released: r.estimate,
+            balances: self.return_hold(&r)?,
+        };
+        let mut released = r;
+        released.status = ReservationStatus::Released;
+        released.finalized_at_ms = Some(self.now);
+        released.release_reason = reason;
+        self.put(Effect::PutReservation(Box::new(released)));
+        Ok(result)
     }
 
     pub(crate) fn extend(&mut self, cmd: ExtendCmd) -> Result<Outcome, Rejection> {

@@ -3,6 +3,7 @@
 mod admin;
 mod auth;
 mod lifecycle;
+mod list;
 mod maintain;
 mod reserve;
 
@@ -61,6 +62,7 @@ impl Tx<'_> {
                 reservation_id,
             } => self.get_reservation(&actor, &reservation_id),
             Command::Balances(q) => self.balances(q),
+            Command::ListReservations(q) => self.list_reservations(q),
             Command::CreateTenant { actor, tenant } => self.create_tenant(&actor, tenant),
             Command::GetTenant { actor, tenant_id } => self.get_tenant(&actor, &tenant_id),
             Command::UpdateTenant {

@@ -13,13 +13,34 @@ use protocol::MAX_BODY_BYTES;
 
 use crate::app::App;
 use crate::correlation;
+use crate::ratelimit::{self, Limiter, RateLimit};
 
-pub fn router(app: Arc<App>) -> Router {
+pub fn router(app: Arc<App>, rate_limit: Option<RateLimit>) -> Router {
+    let api = api_routes();
+    let api = match rate_limit {
+        Some(limit) => api.layer(middleware::from_fn_with_state(
+            Arc::new(Limiter::new(limit)),
+            ratelimit::layer,
+        )),
+        None => api,
+    };
     Router::new()
         .route("/actuator/health", get(health::health))
         .route("/actuator/health/liveness", get(health::liveness))
         .route("/actuator/health/readiness", get(health::health))
-        .route("/v1/reservations", post(runtime::create_reservation))
+        .merge(api)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(correlation::layer))
+        .with_state(app)
+}
+
+/// The runtime and admin planes (everything a key is presented to).
+fn api_routes() -> Router<Arc<App>> {
+    Router::new()
+        .route(
+            "/v1/reservations",
+            post(runtime::create_reservation).get(runtime::list_reservations),
+        )
         .route("/v1/reservations/{id}", get(runtime::get_reservation))
         .route("/v1/reservations/{id}/commit", post(runtime::commit))
         .route("/v1/reservations/{id}/release", post(runtime::release))
@@ -47,7 +68,4 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/admin/budgets/fund", post(admin::fund_budget))
         .route("/v1/admin/budgets/freeze", post(admin::freeze_budget))
         .route("/v1/admin/budgets/unfreeze", post(admin::unfreeze_budget))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn(correlation::layer))
-        .with_state(app)
 }

@@ -6,6 +6,9 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use ledger::{BalanceQuery, Command, Outcome, SCOPE_LEVELS};
+use protocol::listing::{
+    encode_list_cursor, parse_list_query, Include, ReservationListResponse, ReservationSummary,
+};
 use protocol::runtime::{
     check_header_key, BalanceResponse, CommitRequest, CommitResponse, DecisionRequest,
     DecisionResponse, EventCreateRequest, EventCreateResponse, ReleaseRequest, ReleaseResponse,
@@ -280,6 +283,41 @@ pub async fn balances(
             .collect(),
         next_cursor,
         has_more,
+    };
+    Ok(with_tenant(
+        json(StatusCode::OK, &response),
+        tenant.as_deref(),
+    ))
+}
+
+pub async fn list_reservations(
+    State(app): State<Arc<App>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Answer {
+    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let q = Query::parse(raw.as_deref());
+    let query = app
+        .validated(&actor, Plane::Runtime, || {
+            let limit = q.limit(MAX_PAGE_SIZE)?;
+            parse_list_query(actor.clone(), |name| q.get(name).map(str::to_string), limit)
+        })
+        .await?;
+    let cursor_query = query.clone();
+    let (outcome, tenant) = app
+        .run(Command::ListReservations(query), Plane::Runtime)
+        .await?;
+    let Outcome::Reservations { rows, next } = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    let include = Include::parse(q.get("include"));
+    let response = ReservationListResponse {
+        reservations: rows
+            .iter()
+            .map(|r| ReservationSummary::new(r, include))
+            .collect(),
+        has_more: next.is_some(),
+        next_cursor: next.map(|p| encode_list_cursor(&cursor_query, p)),
     };
     Ok(with_tenant(
         json(StatusCode::OK, &response),

@@ -99,6 +99,11 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(engine: Engine) -> Self {
+        Self::start_with(engine, None).await
+    }
+
+    /// A server with a per-key rate limit.
+    pub async fn start_with(engine: Engine, rate_limit: Option<server::RateLimit>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(ManualClock::new(T0));
         let store: Arc<dyn store::Store> = match engine {
@@ -111,6 +116,7 @@ impl TestServer {
             listen: "127.0.0.1:0".parse().expect("addr"),
             admin_api_key: ADMIN_KEY.into(),
             sweep_interval: Duration::from_millis(20),
+            rate_limit,
         };
         let bound = BoundServer::bind(store, options).await.expect("bind");
         let base = format!("http://{}", bound.local_addr().expect("addr"));

@@ -1,0 +1,282 @@
+//! The tenant status guard: a CLOSED tenant is refused every mutation (409 TENANT_CLOSED),
+//! its evaluations DENY with TENANT_CLOSED, replays and reads keep working; a SUSPENDED
+//! tenant takes no new reservations but settles the ones it has. Also rate limiting.
+
+mod common;
+
+use common::{amount, reserve_body, As, Engine, TestServer};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+engine_tests!(
+    closed_tenant_matrix,
+    suspended_tenant_settles_but_does_not_reserve,
+    closing_twice_and_reopening,
+    rate_limit_answers_429_with_retry_after,
+);
+
+async fn set_status(s: &TestServer, tenant: &str, status: &str) -> Value {
+    s.send(
+        Method::PATCH,
+        &format!("/v1/admin/tenants/{tenant}"),
+        As::Admin,
+        Some(&json!({"status": status})),
+    )
+    .await
+    .expect(200, None)
+    .clone()
+}
+
+fn subject() -> Value {
+    json!({"tenant": "acme", "agent": "bot"})
+}
+
+async fn closed_tenant_matrix(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000_000).await;
+    // Before the close: a reservation that stays open, one committed, an event, a decide.
+    let open = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("open", subject(), 100),
+        )
+        .await;
+    let open_body = open.expect(200, None).clone();
+    let open_id = open_body["reservation_id"].as_str().unwrap().to_string();
+    let done = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("done", subject(), 50),
+        )
+        .await;
+    let done_id = done.expect(200, None)["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let commit_body =
+        json!({"idempotency_key": "c1", "actual": {"unit": "USD_MICROCENTS", "amount": 40}});
+    let committed = s
+        .post(
+            &format!("/v1/reservations/{done_id}/commit"),
+            As::Key(&key),
+            commit_body.clone(),
+        )
+        .await
+        .expect(200, None)
+        .clone();
+    let event = json!({
+        "idempotency_key": "e1", "subject": subject(),
+        "action": {"kind": "k", "name": "n"}, "actual": {"unit": "USD_MICROCENTS", "amount": 5}
+    });
+    let event_body = s
+        .post("/v1/events", As::Key(&key), event.clone())
+        .await
+        .expect(201, None)
+        .clone();
+
+    let closed = set_status(&s, "acme", "CLOSED").await;
+    assert_eq!(closed["status"], "CLOSED");
+    assert!(closed["closed_at"].is_string());
+    // The cascade released the open hold and closed the budget.
+    let budget = s.ledger("tenant:acme", "USD_MICROCENTS").await;
+    assert_eq!(
+        (budget["status"].as_str(), amount(&budget, "reserved")),
+        (Some("CLOSED"), 0)
+    );
+    let got = s
+        .get(&format!("/v1/reservations/{open_id}"), As::Key(&key))
+        .await;
+    assert_eq!(got.expect(200, None)["status"], "RELEASED");
+
+    // Fresh mutations: 409 TENANT_CLOSED, beating the reservations' own state.
+    s.post(
+        "/v1/reservations",
+        As::Key(&key),
+        reserve_body("new", subject(), 1),
+    )
+    .await
+    .expect(409, Some("TENANT_CLOSED"));
+    for (id, op, body) in [
+        (
+            &done_id,
+            "commit",
+            json!({"idempotency_key": "c2", "actual": {"unit": "USD_MICROCENTS", "amount": 1}}),
+        ),
+        (&done_id, "release", json!({"idempotency_key": "r2"})),
+        (
+            &open_id,
+            "extend",
+            json!({"idempotency_key": "x2", "extend_by_ms": 1000}),
+        ),
+    ] {
+        s.post(&format!("/v1/reservations/{id}/{op}"), As::Key(&key), body)
+            .await
+            .expect(409, Some("TENANT_CLOSED"));
+    }
+    let mut event2 = event.clone();
+    event2["idempotency_key"] = json!("e2");
+    s.post("/v1/events", As::Key(&key), event2)
+        .await
+        .expect(409, Some("TENANT_CLOSED"));
+    // Evaluations: 200 DENY TENANT_CLOSED, never 409.
+    let mut dry = reserve_body("dry", subject(), 1);
+    dry["dry_run"] = json!(true);
+    let d = s.post("/v1/reservations", As::Key(&key), dry).await;
+    let db = d.expect(200, None);
+    assert_eq!(
+        (db["decision"].as_str(), db["reason_code"].as_str()),
+        (Some("DENY"), Some("TENANT_CLOSED"))
+    );
+    assert!(db.get("reservation_id").is_none() && db.get("expires_at_ms").is_none());
+    let decide = json!({
+        "idempotency_key": "d1", "subject": subject(),
+        "action": {"kind": "k", "name": "n"}, "estimate": {"unit": "USD_MICROCENTS", "amount": 1}
+    });
+    let dd = s.post("/v1/decide", As::Key(&key), decide).await;
+    assert_eq!(dd.expect(200, None)["reason_code"], "TENANT_CLOSED");
+    // Replays of pre-close successes return the original responses.
+    let replay = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("open", subject(), 100),
+        )
+        .await;
+    let rb = replay.expect(200, None);
+    assert_eq!(rb["reservation_id"], open_body["reservation_id"]);
+    assert_eq!(rb["remaining_ttl_ms"], 0, "no longer ACTIVE");
+    let c = s
+        .post(
+            &format!("/v1/reservations/{done_id}/commit"),
+            As::Key(&key),
+            commit_body,
+        )
+        .await;
+    assert_eq!(c.expect(200, None), &committed);
+    let e = s.post("/v1/events", As::Key(&key), event).await;
+    assert_eq!(e.expect(201, None), &event_body);
+    // Reads stay available.
+    s.get("/v1/reservations", As::Key(&key))
+        .await
+        .expect(200, None);
+    s.get("/v1/balances?tenant=acme", As::Key(&key))
+        .await
+        .expect(200, None);
+    s.stop().await;
+}
+
+async fn suspended_tenant_settles_but_does_not_reserve(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000).await;
+    let r = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("a", subject(), 100),
+        )
+        .await;
+    let id = r.expect(200, None)["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let t = set_status(&s, "acme", "SUSPENDED").await;
+    assert!(t["suspended_at"].is_string());
+    s.post(
+        "/v1/reservations",
+        As::Key(&key),
+        reserve_body("b", subject(), 1),
+    )
+    .await
+    .expect(403, Some("FORBIDDEN"));
+    let mut dry = reserve_body("c", subject(), 1);
+    dry["dry_run"] = json!(true);
+    let d = s.post("/v1/reservations", As::Key(&key), dry).await;
+    assert_eq!(d.expect(200, None)["reason_code"], "TENANT_SUSPENDED");
+    s.post(
+        &format!("/v1/reservations/{id}/commit"),
+        As::Key(&key),
+        json!({"idempotency_key": "c", "actual": {"unit": "USD_MICROCENTS", "amount": 60}}),
+    )
+    .await
+    .expect(200, None);
+    set_status(&s, "acme", "ACTIVE").await;
+    s.post(
+        "/v1/reservations",
+        As::Key(&key),
+        reserve_body("b", subject(), 1),
+    )
+    .await
+    .expect(200, None);
+    s.stop().await;
+}
+
+async fn closing_twice_and_reopening(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.setup("acme", 1_000).await;
+    set_status(&s, "acme", "CLOSED").await;
+    set_status(&s, "acme", "CLOSED").await;
+    let r = s
+        .send(
+            Method::PATCH,
+            "/v1/admin/tenants/acme",
+            As::Admin,
+            Some(&json!({"status": "ACTIVE"})),
+        )
+        .await;
+    r.expect(400, Some("INVALID_REQUEST"));
+    s.send(
+        Method::PATCH,
+        "/v1/admin/tenants/acme",
+        As::Admin,
+        Some(&json!({"status": "GONE"})),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
+    s.send(
+        Method::PATCH,
+        "/v1/admin/tenants/nope",
+        As::Admin,
+        Some(&json!({"name": "x"})),
+    )
+    .await
+    .expect(404, Some("TENANT_NOT_FOUND"));
+    s.stop().await;
+}
+
+async fn rate_limit_answers_429_with_retry_after(engine: Engine) {
+    let limit = server::RateLimit {
+        per_second: 1.0,
+        burst: 5.0,
+    };
+    let s = TestServer::start_with(engine, Some(limit)).await;
+    let key = s.setup("acme", 1_000).await;
+    let other = s.key("acme").await;
+    // The setup calls used the admin key's bucket (4 of 5); each tenant key starts full.
+    for _ in 0..5 {
+        let r = s.get("/v1/balances?tenant=acme", As::Key(&key)).await;
+        r.expect(200, None);
+        assert!(r.header("x-ratelimit-remaining").is_some());
+    }
+    let limited = s.get("/v1/balances?tenant=acme", As::Key(&key)).await;
+    limited.expect(429, Some("LIMIT_EXCEEDED"));
+    let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry));
+    assert!(limited
+        .header("x-ratelimit-reset")
+        .unwrap()
+        .parse::<u64>()
+        .is_ok());
+    assert!(limited.header("x-cycles-trace-id").is_some());
+    // Buckets are per key; health probes are never limited.
+    s.get("/v1/balances?tenant=acme", As::Key(&other))
+        .await
+        .expect(200, None);
+    for _ in 0..5 {
+        s.get("/actuator/health", As::Nobody)
+            .await
+            .expect(200, None);
+    }
+    s.stop().await;
+}
