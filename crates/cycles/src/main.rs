@@ -10,6 +10,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "alloc-count")]
+#[global_allocator]
+static ALLOCATOR: server::alloc_count::CountingAllocator = server::alloc_count::CountingAllocator;
+
 #[derive(Parser)]
 #[command(
     name = "cycles",

@@ -51,6 +51,9 @@ pub struct ServeArgs {
     /// Requests a key may burst above its rate (default: one second's worth).
     #[arg(long, env = "CYCLES_RATE_LIMIT_BURST")]
     rate_limit_burst: Option<f64>,
+    /// Serve /metrics without the admin key (for scrapers that cannot send headers).
+    #[arg(long, env = "CYCLES_PUBLIC_METRICS")]
+    public_metrics: bool,
     /// Log filter (e.g. info, debug, server=debug).
     #[arg(long, env = "CYCLES_LOG", default_value = "info")]
     log: String,
@@ -96,6 +99,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .unwrap_or(args.rate_limit_per_second)
                 .max(1.0),
         }),
+        public_metrics: args.public_metrics,
     };
     let bound = BoundServer::bind(Arc::new(store), options)
         .await

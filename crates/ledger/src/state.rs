@@ -90,6 +90,10 @@ impl State {
         self.reservations.values()
     }
 
+    pub fn budget_count(&self) -> usize {
+        self.budgets.len()
+    }
+
     pub fn reservation_count(&self) -> usize {
         self.reservations.len()
     }

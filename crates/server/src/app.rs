@@ -8,20 +8,33 @@ use sha2::{Digest, Sha256};
 use store::{Store, StoreError};
 use subtle::ConstantTimeEq;
 
+use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
 
 pub struct App {
     store: Arc<dyn Store>,
     /// SHA-256 of the admin key: compared in constant time, never kept in plain text.
     admin_key_digest: [u8; 32],
+    http_metrics: HttpMetrics,
+    public_metrics: bool,
 }
 
 impl App {
-    pub fn new(store: Arc<dyn Store>, admin_api_key: &str) -> Self {
+    pub fn new(store: Arc<dyn Store>, admin_api_key: &str, public_metrics: bool) -> Self {
         App {
             store,
             admin_key_digest: Sha256::digest(admin_api_key.as_bytes()).into(),
+            http_metrics: HttpMetrics::default(),
+            public_metrics,
         }
+    }
+
+    pub fn http_metrics(&self) -> &HttpMetrics {
+        &self.http_metrics
+    }
+
+    pub fn public_metrics(&self) -> bool {
+        self.public_metrics
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

@@ -5,11 +5,14 @@
 //! `X-Request-Id` and `X-Cycles-Trace-Id`; every error body is the protocol's
 //! `{error, message, request_id, trace_id, details?}` (see [`correlation`]).
 
+#[cfg(feature = "alloc-count")]
+pub mod alloc_count;
 mod app;
 mod auth;
 pub mod correlation;
 mod ids;
 mod jobs;
+mod metrics;
 mod query;
 mod ratelimit;
 mod reply;
@@ -39,6 +42,8 @@ pub struct ServerOptions {
     pub sweep_interval: Duration,
     /// Per-credential request rate limit; `None` disables it.
     pub rate_limit: Option<RateLimit>,
+    /// Serve `/metrics` without the admin key.
+    pub public_metrics: bool,
 }
 
 /// A server bound to its address, ready to run.
@@ -54,7 +59,11 @@ impl BoundServer {
         let listener = TcpListener::bind(options.listen).await?;
         Ok(BoundServer {
             listener,
-            app: Arc::new(App::new(store, &options.admin_api_key)),
+            app: Arc::new(App::new(
+                store,
+                &options.admin_api_key,
+                options.public_metrics,
+            )),
             sweep_interval: options.sweep_interval,
             rate_limit: options.rate_limit,
         })

@@ -43,11 +43,24 @@ pub struct Health {
     pub detail: String,
 }
 
+/// One value an engine reports for `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metric {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// Counters only grow; gauges go up and down.
+    pub counter: bool,
+    pub value: u64,
+}
+
 pub trait Store: Send + Sync + 'static {
     /// Applies a command. A successful reply is durable under the store's durability mode.
     fn execute(&self, command: Command) -> BoxFuture<'_, Result<Reply, StoreError>>;
 
     fn health(&self) -> Health;
+
+    /// The engine's own counters and gauges.
+    fn metrics(&self) -> Vec<Metric>;
 
     /// Stops accepting commands, finishes the ones in flight and flushes everything.
     fn shutdown(&self) -> BoxFuture<'_, ()>;

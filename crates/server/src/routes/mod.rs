@@ -13,6 +13,7 @@ use protocol::MAX_BODY_BYTES;
 
 use crate::app::App;
 use crate::correlation;
+use crate::metrics;
 use crate::ratelimit::{self, Limiter, RateLimit};
 
 pub fn router(app: Arc<App>, rate_limit: Option<RateLimit>) -> Router {
@@ -28,7 +29,9 @@ pub fn router(app: Arc<App>, rate_limit: Option<RateLimit>) -> Router {
         .route("/actuator/health", get(health::health))
         .route("/actuator/health/liveness", get(health::liveness))
         .route("/actuator/health/readiness", get(health::health))
+        .route("/metrics", get(metrics::metrics))
         .merge(api)
+        .layer(middleware::from_fn_with_state(app.clone(), metrics::layer))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(correlation::layer))
         .with_state(app)

@@ -117,6 +117,7 @@ impl TestServer {
             admin_api_key: ADMIN_KEY.into(),
             sweep_interval: Duration::from_millis(20),
             rate_limit,
+            public_metrics: false,
         };
         let bound = BoundServer::bind(store, options).await.expect("bind");
         let base = format!("http://{}", bound.local_addr().expect("addr"));

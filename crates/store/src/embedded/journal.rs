@@ -90,18 +90,19 @@ impl JournalWriter {
         !self.buf.is_empty()
     }
 
-    /// One write and one `fdatasync` for everything buffered.
-    pub fn commit(&mut self, sync: bool) -> io::Result<()> {
+    /// One write and one `fdatasync` for everything buffered; returns the bytes written.
+    pub fn commit(&mut self, sync: bool) -> io::Result<u64> {
         if self.buf.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         self.file.write_all(&self.buf)?;
         if sync {
             self.file.sync_data()?;
         }
-        self.segment_len += self.buf.len() as u64;
+        let written = self.buf.len() as u64;
+        self.segment_len += written;
         self.buf.clear();
-        Ok(())
+        Ok(written)
     }
 
     pub fn segment_len(&self) -> u64 {

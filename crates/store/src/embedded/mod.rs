@@ -11,6 +11,7 @@ pub mod snapshot;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
@@ -18,7 +19,7 @@ use std::time::Instant;
 use ledger::{apply, Command, Effect, State};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{BoxFuture, Clock, Health, Reply, Store, StoreError};
+use crate::{BoxFuture, Clock, Health, Metric, Reply, Store, StoreError};
 use journal::{JournalRecord, JournalWriter, HEADER_LEN};
 pub use recovery::{recover, Recovered};
 
@@ -94,11 +95,24 @@ enum Request {
     Shutdown(oneshot::Sender<()>),
 }
 
+/// Counters shared between the ledger thread and `/metrics`.
+#[derive(Debug, Default)]
+struct Counters {
+    commands: AtomicU64,
+    batches: AtomicU64,
+    syncs: AtomicU64,
+    journal_bytes: AtomicU64,
+    snapshots: AtomicU64,
+    reservations: AtomicU64,
+    budgets: AtomicU64,
+}
+
 /// Set once the journal cannot be written: from then on every command is refused.
 type Failure = Arc<Mutex<Option<String>>>;
 
 pub struct EmbeddedStore {
     tx: mpsc::Sender<Request>,
+    counters: Arc<Counters>,
     failure: Failure,
     durability: Durability,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -116,6 +130,7 @@ impl EmbeddedStore {
             }
         };
         let failure: Failure = Arc::default();
+        let counters: Arc<Counters> = Arc::default();
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let ledger = LedgerThread {
             state,
@@ -124,6 +139,7 @@ impl EmbeddedStore {
             last_now: i64::MIN,
             clock: config.clock,
             failure: failure.clone(),
+            counters: counters.clone(),
             dir: config.data_dir,
             max_batch: config.max_batch.max(1),
             snapshot_after_bytes: config.snapshot_after_bytes,
@@ -135,6 +151,7 @@ impl EmbeddedStore {
         Ok((
             EmbeddedStore {
                 tx,
+                counters,
                 failure,
                 durability: config.durability,
                 thread: Mutex::new(Some(thread)),
@@ -210,6 +227,57 @@ impl Store for EmbeddedStore {
         }
     }
 
+    fn metrics(&self) -> Vec<Metric> {
+        let c = &self.counters;
+        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        let queued = (self.tx.max_capacity() - self.tx.capacity()) as u64;
+        vec![
+            metric(
+                "cycles_store_commands_total",
+                "Commands applied by the ledger thread.",
+                true,
+                get(&c.commands),
+            ),
+            metric(
+                "cycles_store_batches_total",
+                "Batches applied (one journal write each).",
+                true,
+                get(&c.batches),
+            ),
+            metric(
+                "cycles_journal_syncs_total",
+                "fdatasync calls on the journal.",
+                true,
+                get(&c.syncs),
+            ),
+            metric(
+                "cycles_journal_bytes_total",
+                "Bytes appended to the journal.",
+                true,
+                get(&c.journal_bytes),
+            ),
+            metric(
+                "cycles_snapshots_total",
+                "Snapshots started.",
+                true,
+                get(&c.snapshots),
+            ),
+            metric(
+                "cycles_store_queue_depth",
+                "Commands waiting for the ledger thread.",
+                false,
+                queued,
+            ),
+            metric(
+                "cycles_reservations",
+                "Reservations held in the state (all statuses).",
+                false,
+                get(&c.reservations),
+            ),
+            metric("cycles_budgets", "Budget ledgers.", false, get(&c.budgets)),
+        ]
+    }
+
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let (done, rx) = oneshot::channel();
@@ -224,6 +292,15 @@ impl Store for EmbeddedStore {
     }
 }
 
+fn metric(name: &'static str, help: &'static str, counter: bool, value: u64) -> Metric {
+    Metric {
+        name,
+        help,
+        counter,
+        value,
+    }
+}
+
 struct LedgerThread {
     state: State,
     journal: Option<JournalWriter>,
@@ -231,6 +308,7 @@ struct LedgerThread {
     last_now: i64,
     clock: Arc<dyn Clock>,
     failure: Failure,
+    counters: Arc<Counters>,
     dir: PathBuf,
     max_batch: usize,
     snapshot_after_bytes: u64,
@@ -251,6 +329,10 @@ impl LedgerThread {
                     Err(_) => break,
                 }
             }
+            self.counters.batches.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .commands
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
             let mut shutdown = None;
             for request in batch.drain(..) {
                 match request {
@@ -261,6 +343,12 @@ impl LedgerThread {
                 }
             }
             self.flush_and_reply(&mut pending);
+            self.counters
+                .reservations
+                .store(self.state.reservation_count() as u64, Ordering::Relaxed);
+            self.counters
+                .budgets
+                .store(self.state.budget_count() as u64, Ordering::Relaxed);
             if let Some(done) = shutdown {
                 self.drain_on_shutdown(&mut rx, &mut pending);
                 let _ = done.send(());
@@ -330,8 +418,15 @@ impl LedgerThread {
     /// the in-memory state is ahead of the disk, so the store stops serving.
     fn flush_and_reply(&mut self, pending: &mut Vec<Pending>) {
         if let Some(journal) = &mut self.journal {
-            if let Err(e) = journal.commit(true) {
-                self.fail(e.to_string());
+            match journal.commit(true) {
+                Ok(0) => {}
+                Ok(bytes) => {
+                    self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .journal_bytes
+                        .fetch_add(bytes, Ordering::Relaxed);
+                }
+                Err(e) => self.fail(e.to_string()),
             }
         }
         let failure = self.failed();
@@ -402,6 +497,7 @@ impl LedgerThread {
             self.fail(format!("journal rotation: {e}"));
             return;
         }
+        self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             seq,
             stall_ms = started.elapsed().as_millis() as u64,
