@@ -39,6 +39,9 @@ enum Cmd {
         #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
         data_dir: PathBuf,
     },
+    /// Benchmark any Cycles server: the reference's suite, floors, reports, comparisons.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,5 +51,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Admin(args) => admin::run(args),
         Cmd::Quickstart(target) => quickstart::run(target),
         Cmd::Verify { data_dir } => verify::run(&data_dir),
+        Cmd::Bench(cmd) => bench::main(cmd),
     }
 }

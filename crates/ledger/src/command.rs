@@ -210,6 +210,49 @@ pub struct FundCmd {
     pub idem: Option<Idempotency>,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPolicy {
+    pub policy_id: String,
+    /// Required with the admin key, forbidden with a tenant key.
+    pub tenant_id: Option<String>,
+    pub name: String,
+    pub description: Option<String>,
+    pub scope_pattern: String,
+    pub priority: i64,
+    pub caps: Option<crate::Caps>,
+    pub commit_overage_policy: Option<OveragePolicy>,
+    pub reservation_ttl_override: Option<crate::TtlOverride>,
+    pub rate_limits: Option<crate::RateLimits>,
+    pub effective_from_ms: Option<Millis>,
+    pub effective_until_ms: Option<Millis>,
+}
+
+/// Fields of a policy update; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyPatch {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub priority: Option<i64>,
+    pub caps: Option<crate::Caps>,
+    pub commit_overage_policy: Option<OveragePolicy>,
+    pub reservation_ttl_override: Option<crate::TtlOverride>,
+    pub rate_limits: Option<crate::RateLimits>,
+    pub effective_from_ms: Option<Millis>,
+    pub effective_until_ms: Option<Millis>,
+    pub status: Option<crate::PolicyStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyListQuery {
+    /// Required with the admin key; ignored with a tenant key.
+    pub tenant_id: Option<String>,
+    pub scope_pattern: Option<String>,
+    pub status: Option<crate::PolicyStatus>,
+    pub limit: usize,
+    /// Exclusive lower bound: the last policy id of the previous page.
+    pub after: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BudgetPatch {
     pub overdraft_limit: Option<i64>,
@@ -284,6 +327,19 @@ pub enum Command {
         unit: Unit,
         frozen: bool,
     },
+    CreatePolicy {
+        actor: Actor,
+        policy: NewPolicy,
+    },
+    ListPolicies {
+        actor: Actor,
+        query: PolicyListQuery,
+    },
+    UpdatePolicy {
+        actor: Actor,
+        policy_id: String,
+        patch: PolicyPatch,
+    },
     /// Background maintenance: expire reservations past their grace and evict records past
     /// their retention, at most `limit` of each.
     Maintain {
@@ -303,6 +359,7 @@ impl Command {
                 | Command::GetTenant { .. }
                 | Command::ListBudgets { .. }
                 | Command::LookupBudget { .. }
+                | Command::ListPolicies { .. }
         )
     }
 }

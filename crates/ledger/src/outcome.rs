@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiKey, Budget, FundingOp, Millis, Principal, Reservation, Tenant, Unit};
+use crate::{
+    ApiKey, Budget, Caps, FundingOp, Millis, Policy, Principal, Reservation, Tenant, Unit,
+};
 
 /// A point-in-time copy of one ledger, as returned in `balances` arrays.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +69,8 @@ pub struct ReserveResult {
     pub balances: Vec<Balance>,
     /// Set on a dry-run DENY.
     pub reason_code: Option<String>,
+    /// Set with `ALLOW_WITH_CAPS`.
+    pub caps: Option<Caps>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +99,8 @@ pub struct ExtendResult {
 pub struct DecideResult {
     pub decision: Decision,
     pub reason_code: Option<String>,
+    /// Set with `ALLOW_WITH_CAPS`.
+    pub caps: Option<Caps>,
     pub affected_scopes: Vec<String>,
 }
 
@@ -175,6 +181,11 @@ pub enum Outcome {
         created: bool,
     },
     ApiKey(ApiKey),
+    Policy(Policy),
+    Policies {
+        policies: Vec<Policy>,
+        has_more: bool,
+    },
     Budget(Budget),
     Budgets {
         budgets: Vec<Budget>,

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::listing::ListIndex;
 use crate::{
-    ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Reservation, ReservationStatus, Tenant,
+    ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy, Reservation, ReservationStatus,
+    Tenant,
 };
 
 /// How long a settled or expired reservation stays readable (and its commit/release
@@ -20,6 +21,7 @@ pub enum Effect {
     PutTenant(Tenant),
     PutApiKey(ApiKey),
     PutBudget(Budget),
+    PutPolicy(Policy),
     PutReservation(Box<Reservation>),
     PutIdempotency(IdemKey, Box<IdemRecord>),
     RemoveReservation(String),
@@ -41,6 +43,8 @@ pub struct State {
     pub(crate) api_keys: BTreeMap<String, ApiKey>,
     pub(crate) key_by_digest: HashMap<[u8; 32], String>,
     pub(crate) budgets: BTreeMap<BudgetKey, Budget>,
+    /// Policies by (tenant, policy id).
+    pub(crate) policies: BTreeMap<(String, String), Policy>,
     pub(crate) reservations: HashMap<String, Reservation>,
     pub(crate) idempotency: HashMap<IdemKey, IdemRecord>,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
@@ -57,6 +61,7 @@ pub struct SnapshotData {
     pub tenants: Vec<Tenant>,
     pub api_keys: Vec<ApiKey>,
     pub budgets: Vec<Budget>,
+    pub policies: Vec<Policy>,
     pub reservations: Vec<Reservation>,
     pub idempotency: Vec<(IdemKey, IdemRecord)>,
 }
@@ -110,6 +115,10 @@ impl State {
             }
             Effect::PutBudget(b) => {
                 self.budgets.insert(b.key(), b.clone());
+            }
+            Effect::PutPolicy(p) => {
+                self.policies
+                    .insert((p.tenant_id.clone(), p.policy_id.clone()), p.clone());
             }
             Effect::PutReservation(r) => self.put_reservation(r),
             Effect::PutIdempotency(k, rec) => {
@@ -191,6 +200,7 @@ impl State {
             tenants: self.tenants.values().cloned().collect(),
             api_keys: self.api_keys.values().cloned().collect(),
             budgets: self.budgets.values().cloned().collect(),
+            policies: self.policies.values().cloned().collect(),
             reservations: self.reservations.values().cloned().collect(),
             idempotency: self
                 .idempotency
@@ -211,6 +221,9 @@ impl State {
         }
         for b in data.budgets {
             state.apply_effect(&Effect::PutBudget(b));
+        }
+        for p in data.policies {
+            state.apply_effect(&Effect::PutPolicy(p));
         }
         for r in data.reservations {
             state.put_reservation(&r);

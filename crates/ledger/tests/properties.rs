@@ -75,6 +75,8 @@ enum Key {
     Fresh,
     /// A key already used in the same namespace (a fresh one if there is none yet).
     Reuse(Index),
+    /// A key already used anywhere, most likely in another namespace.
+    Foreign(Index),
 }
 
 /// Which reservation a settlement names.
@@ -84,6 +86,24 @@ enum Target {
     Recent(Index),
     Any(Index),
     Missing,
+}
+
+/// An amount, or one relative to the headroom of the budgets it will meet (the smallest
+/// `remaining` among them), so that exact fits and shortfalls of one unit come up often.
+#[derive(Debug, Clone)]
+enum Quantity {
+    Absolute(i64),
+    /// `headroom + delta`, floored at 0.
+    Headroom(i64),
+}
+
+/// A moment in a reservation's life the clock can be moved to.
+#[derive(Debug, Clone, Copy)]
+enum Moment {
+    LeaseEnd,
+    SettleDeadline,
+    /// When a terminal reservation may be evicted.
+    RetentionEnd,
 }
 
 /// A commit's actual amount.
@@ -108,7 +128,7 @@ enum Op {
     Reserve {
         subject: usize,
         unit: Unit,
-        estimate: i64,
+        estimate: Quantity,
         ttl_ms: Option<i64>,
         grace_ms: i64,
         policy: Option<OveragePolicy>,
@@ -133,20 +153,20 @@ enum Op {
     Event {
         subject: usize,
         unit: Unit,
-        actual: i64,
+        actual: Quantity,
         policy: Option<OveragePolicy>,
         key: Key,
     },
     Decide {
         subject: usize,
         unit: Unit,
-        estimate: i64,
+        estimate: Quantity,
         key: Key,
     },
     Fund {
         scope: usize,
         operation: FundingOp,
-        amount: i64,
+        amount: Quantity,
         spent: Option<i64>,
         key: Option<Key>,
     },
@@ -155,6 +175,21 @@ enum Op {
     },
     Advance {
         ms: i64,
+    },
+    /// Moves the clock to `offset` ms from a moment of a reservation's life (if ahead),
+    /// then runs a maintenance pass if `sweep`.
+    AdvanceTo {
+        target: Target,
+        moment: Moment,
+        offset: i64,
+        sweep: bool,
+    },
+    /// Moves the clock to `offset` ms from when an idempotency record expires (if ahead),
+    /// then runs a maintenance pass if `sweep`.
+    AdvanceToRecordExpiry {
+        pick: Index,
+        offset: i64,
+        sweep: bool,
     },
     /// Sends an earlier idempotent request again, unchanged (with fresh server-side ids).
     Resend {
@@ -177,6 +212,13 @@ fn amount_or_huge(odds: u32) -> impl Strategy<Value = i64> {
     prop_oneof![odds => amount(), 1 => (i64::MAX - 10)..=i64::MAX]
 }
 
+fn quantity(huge_odds: u32) -> impl Strategy<Value = Quantity> {
+    prop_oneof![
+        3 => amount_or_huge(huge_odds).prop_map(Quantity::Absolute),
+        1 => (-2..=2i64).prop_map(Quantity::Headroom),
+    ]
+}
+
 fn policy() -> impl Strategy<Value = OveragePolicy> {
     prop::sample::select(OveragePolicy::ALL.to_vec())
 }
@@ -190,7 +232,11 @@ fn subject_index() -> impl Strategy<Value = usize> {
 }
 
 fn key() -> impl Strategy<Value = Key> {
-    prop_oneof![3 => Just(Key::Fresh), 1 => any::<Index>().prop_map(Key::Reuse)]
+    prop_oneof![
+        6 => Just(Key::Fresh),
+        2 => any::<Index>().prop_map(Key::Reuse),
+        1 => any::<Index>().prop_map(Key::Foreign),
+    ]
 }
 
 fn target() -> impl Strategy<Value = Target> {
@@ -204,6 +250,7 @@ fn target() -> impl Strategy<Value = Target> {
 fn actual() -> impl Strategy<Value = Actual> {
     prop_oneof![
         2 => amount_or_huge(40).prop_map(Actual::Absolute),
+        2 => (-1..=1i64).prop_map(Actual::Relative),
         3 => (-5_000..=5_000i64).prop_map(Actual::Relative),
         2 => (-2_000_000..=2_000_000i64).prop_map(Actual::Relative),
     ]
@@ -248,7 +295,7 @@ fn op() -> impl Strategy<Value = Op> {
     let reserve = (
         subject_index(),
         unit(),
-        amount_or_huge(12),
+        quantity(12),
         ttl,
         grace,
         prop::option::of(policy()),
@@ -284,7 +331,7 @@ fn op() -> impl Strategy<Value = Op> {
     let event = (
         subject_index(),
         unit(),
-        amount_or_huge(40),
+        quantity(40),
         prop::option::of(policy()),
         key(),
     )
@@ -295,7 +342,7 @@ fn op() -> impl Strategy<Value = Op> {
             policy,
             key,
         });
-    let decide = (subject_index(), unit(), amount_or_huge(12), key()).prop_map(
+    let decide = (subject_index(), unit(), quantity(12), key()).prop_map(
         |(subject, unit, estimate, key)| Op::Decide {
             subject,
             unit,
@@ -306,7 +353,7 @@ fn op() -> impl Strategy<Value = Op> {
     let fund = (
         0..BUDGET_SCOPES.len(),
         prop::sample::select(FundingOp::ALL.to_vec()),
-        amount_or_huge(12),
+        quantity(12),
         prop::option::of(0..=5_000_000i64),
         prop::option::of(key()),
     )
@@ -319,14 +366,39 @@ fn op() -> impl Strategy<Value = Op> {
         });
     let maintain =
         prop_oneof![0..=3usize, Just(usize::MAX)].prop_map(|limit| Op::Maintain { limit });
-    let advance = prop_oneof![
-        8 => 0..=2 * SECOND,
-        4 => 10 * SECOND..=120 * SECOND,
-        2 => HOUR..=2 * HOUR,
-        1 => DAY..=2 * DAY,
-        1 => 31 * DAY..=32 * DAY,
-    ]
-    .prop_map(|ms| Op::Advance { ms });
+    let clock = prop_oneof![
+        16 => prop_oneof![
+            8 => 0..=2 * SECOND,
+            4 => 10 * SECOND..=120 * SECOND,
+            2 => HOUR..=2 * HOUR,
+            1 => DAY..=2 * DAY,
+            1 => 31 * DAY..=32 * DAY,
+        ]
+        .prop_map(|ms| Op::Advance { ms }),
+        4 => (
+            target(),
+            prop_oneof![
+                Just(Moment::LeaseEnd),
+                Just(Moment::SettleDeadline),
+                Just(Moment::RetentionEnd),
+            ],
+            -1..=1i64,
+            any::<bool>(),
+        )
+            .prop_map(|(target, moment, offset, sweep)| Op::AdvanceTo {
+                target,
+                moment,
+                offset,
+                sweep,
+            }),
+        1 => (any::<Index>(), -1..=1i64, any::<bool>()).prop_map(|(pick, offset, sweep)| {
+            Op::AdvanceToRecordExpiry {
+                pick,
+                offset,
+                sweep,
+            }
+        }),
+    ];
     let resend = any::<Index>().prop_map(|pick| Op::Resend { pick });
     prop_oneof![
         6 => reserve,
@@ -337,7 +409,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => decide,
         3 => fund,
         1 => maintain,
-        4 => advance,
+        5 => clock,
         2 => resend,
     ]
 }
@@ -540,6 +612,7 @@ struct Driver {
     issued: usize,
     reservations: Vec<String>,
     keys: BTreeMap<Namespace, Vec<String>>,
+    all_keys: Vec<String>,
     resendable: Vec<Command>,
     log: Vec<(Command, Millis, Applied)>,
 }
@@ -552,6 +625,7 @@ impl Driver {
             issued: 0,
             reservations: Vec::new(),
             keys: BTreeMap::new(),
+            all_keys: Vec::new(),
             resendable: Vec::new(),
             log: Vec::new(),
         };
@@ -560,9 +634,7 @@ impl Driver {
             prop_assert!(applied.result.is_ok(), "setup failed: {:?}", applied.result);
         }
         for op in ops {
-            if let Op::Advance { ms } = op {
-                driver.now += ms;
-            } else if let Some(command) = driver.command_for(op) {
+            if let Some(command) = driver.command_for(op) {
                 driver.step(command, check)?;
             }
         }
@@ -601,15 +673,49 @@ impl Driver {
 
     fn key(&mut self, namespace: Namespace, choice: &Key) -> String {
         let used = self.keys.entry(namespace).or_default();
-        if let Key::Reuse(pick) = choice {
-            if !used.is_empty() {
-                return used[pick.index(used.len())].clone();
-            }
+        let reused = match choice {
+            Key::Fresh => None,
+            Key::Reuse(pick) => (!used.is_empty()).then(|| used[pick.index(used.len())].clone()),
+            Key::Foreign(pick) => (!self.all_keys.is_empty())
+                .then(|| self.all_keys[pick.index(self.all_keys.len())].clone()),
+        };
+        let key = reused.unwrap_or_else(|| {
+            self.issued += 1;
+            format!("k{}", self.issued)
+        });
+        if !used.contains(&key) {
+            used.push(key.clone());
         }
-        self.issued += 1;
-        let key = format!("k{}", self.issued);
-        used.push(key.clone());
+        if !self.all_keys.contains(&key) {
+            self.all_keys.push(key.clone());
+        }
         key
+    }
+
+    /// The smallest `remaining` among the budgets of `scopes` (0 if none has one).
+    fn headroom(&self, scopes: &[String], unit: Unit) -> i64 {
+        scopes
+            .iter()
+            .filter_map(|scope| self.state.budget(&budget_key(scope, unit)))
+            .map(|b| b.remaining)
+            .min()
+            .unwrap_or(0)
+    }
+
+    fn resolve(&self, quantity: &Quantity, scopes: &[String], unit: Unit) -> i64 {
+        match quantity {
+            Quantity::Absolute(v) => *v,
+            Quantity::Headroom(delta) => self.headroom(scopes, unit).saturating_add(*delta).max(0),
+        }
+    }
+
+    /// Moves the clock forward to `at + offset` (never backwards), and returns the
+    /// maintenance pass to run then if `sweep`.
+    fn advance_to(&mut self, at: Option<Millis>, offset: i64, sweep: bool) -> Option<Command> {
+        if let Some(at) = at {
+            self.now = self.now.max(at.saturating_add(offset));
+        }
+        sweep.then_some(Command::Maintain { limit: usize::MAX })
     }
 
     fn target(&self, target: &Target) -> String {
@@ -637,6 +743,8 @@ impl Driver {
                 dry_run,
                 key,
             } => {
+                let subject = subject(*s);
+                let estimate = self.resolve(estimate, &scopes_of(&subject), *unit);
                 let key = self.key(("reserve", String::new()), key);
                 let id = self.fresh("r");
                 Command::Reserve(ReserveCmd {
@@ -644,7 +752,7 @@ impl Driver {
                     grace_period_ms: *grace_ms,
                     overage_policy: *policy,
                     dry_run: *dry_run,
-                    ..reserve_cmd(key, id, subject(*s), *unit, *estimate)
+                    ..reserve_cmd(key, id, subject, *unit, estimate)
                 })
             }
             Op::Commit {
@@ -688,23 +796,28 @@ impl Driver {
                 actual,
                 policy,
                 key,
-            } => Command::Event(EventCmd {
-                actor,
-                idem: idem(self.key(("event", String::new()), key)),
-                event_id: self.fresh("e"),
-                subject: subject(*s),
-                unit: *unit,
-                actual: *actual,
-                overage_policy: *policy,
-            }),
+            } => {
+                let subject = subject(*s);
+                Command::Event(EventCmd {
+                    actor,
+                    idem: idem(self.key(("event", String::new()), key)),
+                    event_id: self.fresh("e"),
+                    actual: self.resolve(actual, &scopes_of(&subject), *unit),
+                    subject,
+                    unit: *unit,
+                    overage_policy: *policy,
+                })
+            }
             Op::Decide {
                 subject: s,
                 unit,
                 estimate,
                 key,
             } => {
+                let subject = subject(*s);
+                let estimate = self.resolve(estimate, &scopes_of(&subject), *unit);
                 let key = self.key(("decide", String::new()), key);
-                Command::Decide(decide_cmd(key, subject(*s), *unit, *estimate))
+                Command::Decide(decide_cmd(key, subject, *unit, estimate))
             }
             Op::Fund {
                 scope,
@@ -719,7 +832,7 @@ impl Driver {
                     scope: BUDGET_SCOPES[*scope].into(),
                     unit: UNIT,
                     operation: *operation,
-                    amount: *amount,
+                    amount: self.resolve(amount, &[BUDGET_SCOPES[*scope].into()], UNIT),
                     spent: *spent,
                     idem: key
                         .as_ref()
@@ -727,7 +840,36 @@ impl Driver {
                 },
             },
             Op::Maintain { limit } => Command::Maintain { limit: *limit },
-            Op::Advance { .. } => return None,
+            Op::Advance { ms } => {
+                self.now += ms;
+                return None;
+            }
+            Op::AdvanceTo {
+                target,
+                moment,
+                offset,
+                sweep,
+            } => {
+                let at = self
+                    .state
+                    .reservation(&self.target(target))
+                    .and_then(|r| match moment {
+                        Moment::LeaseEnd => Some(r.expires_at_ms),
+                        Moment::SettleDeadline => Some(r.settle_deadline()),
+                        Moment::RetentionEnd => terminal_at(r).map(|at| at + TERMINAL_RETENTION_MS),
+                    });
+                return self.advance_to(at, *offset, *sweep);
+            }
+            Op::AdvanceToRecordExpiry {
+                pick,
+                offset,
+                sweep,
+            } => {
+                let records = normalized(self.state.to_snapshot()).idempotency;
+                let at = (!records.is_empty())
+                    .then(|| records[pick.index(records.len())].1.expires_at_ms);
+                return self.advance_to(at, *offset, *sweep);
+            }
             Op::Resend { pick } => {
                 if self.resendable.is_empty() {
                     return None;
@@ -897,6 +1039,7 @@ fn check_invariants(step: &Step) -> Result<(), TestCaseError> {
         );
     }
     check_rejection_is_inert(step)?;
+    check_settlement_is_accepted(step)?;
     check_reported_balances(step)?;
     check_reservation_transitions(step)?;
     check_maintenance(step)
@@ -929,6 +1072,50 @@ fn check_rejection_is_inert(step: &Step) -> Result<(), TestCaseError> {
             step.command
         );
     }
+    Ok(())
+}
+
+/// An ACTIVE reservation within its grace period can be settled: a commit or release is
+/// refused only for its own reasons (overage, wrong unit), an extend only within the lease
+/// and the extension limit.
+fn check_settlement_is_accepted(step: &Step) -> Result<(), TestCaseError> {
+    let Err(e) = &step.applied.result else {
+        return Ok(());
+    };
+    let Some(r) = settled_id(step.command).and_then(|id| step.before.reservation(id)) else {
+        return Ok(());
+    };
+    if r.status != ReservationStatus::Active || matches!(e, Rejection::IdempotencyMismatch) {
+        return Ok(());
+    }
+    let accepted = match step.command {
+        Command::Commit(c) => {
+            step.now > r.settle_deadline()
+                || c.unit != r.unit
+                || (c.actual > r.estimate
+                    && matches!(
+                        e,
+                        Rejection::BudgetExceeded { .. }
+                            | Rejection::OverdraftLimitExceeded { .. }
+                            | Rejection::Overflow
+                    ))
+        }
+        Command::Release(_) => step.now > r.settle_deadline(),
+        Command::Extend(_) => {
+            step.now > r.expires_at_ms
+                || (r.extension_count >= r.max_extensions
+                    && matches!(e, Rejection::MaxExtensionsExceeded { .. }))
+        }
+        _ => true,
+    };
+    prop_assert!(
+        accepted,
+        "{:?} refused with {:?} at {} while {:?}",
+        step.command,
+        e,
+        step.now,
+        r
+    );
     Ok(())
 }
 
@@ -1494,6 +1681,22 @@ fn check_charges(step: &Step) -> Result<(), TestCaseError> {
             let charged = result.charged.unwrap_or(c.actual);
             prop_assert!((0..=c.actual).contains(&charged));
             prop_assert!(result.charged.is_none_or(|v| v < c.actual));
+            if charged < c.actual {
+                // A scope without overdraft that could not cover the amount is flagged.
+                for scope in budgeted_scopes(step.before, &c.subject, c.unit) {
+                    let key = budget_key(&scope, c.unit);
+                    let (old, new) = (step.before.budget(&key), step.after.budget(&key));
+                    let short =
+                        old.is_some_and(|b| b.remaining < c.actual && b.overdraft_limit == 0);
+                    if short {
+                        prop_assert!(
+                            new.is_some_and(|b| b.is_over_limit),
+                            "{} not flagged",
+                            scope
+                        );
+                    }
+                }
+            }
             match c.overage_policy {
                 Some(OveragePolicy::Reject) => prop_assert_eq!(charged, c.actual),
                 Some(OveragePolicy::AllowIfAvailable) => {

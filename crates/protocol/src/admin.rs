@@ -8,8 +8,14 @@ use ledger::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
 use crate::common::{metadata_raw, metadata_text, Metadata};
+use crate::schema::{
+    ApiKeyStatus as KeyStatusSchema, BudgetStatus as BudgetStatusSchema, FundingOperation,
+    Permission as PermissionSchema, ReservationExpiryPolicy, RolloverPolicy as RolloverSchema,
+    SignedAmount, TenantStatus as TenantStatusSchema,
+};
 use crate::validate::{idempotency_key, len_between, max_len, non_negative, range};
 use crate::{
     fingerprint, format_rfc3339, parse_rfc3339, Amount, ApiError, ErrorCode, Validate, WirePolicy,
@@ -76,17 +82,33 @@ const EXPIRY_POLICIES: &str = "AUTO_RELEASE, MANUAL_CLEANUP, GRACE_ONLY";
 const TENANT_STATUSES: &str = "ACTIVE, SUSPENDED, CLOSED";
 
 /// `TenantCreateRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(
+    description = "A new tenant. Creating an existing tenant with the same name returns it (200); with another name is DUPLICATE_RESOURCE."
+)]
 pub struct TenantCreateRequest {
+    #[schema(min_length = 3, max_length = 64, pattern = "^[a-z0-9-]+$")]
     pub tenant_id: String,
+    #[schema(min_length = 1, max_length = 256)]
     pub name: String,
+    #[schema(min_length = 3, max_length = 64, pattern = "^[a-z0-9-]+$")]
     pub parent_tenant_id: Option<String>,
+    /// At most 32 entries.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Defaults to ALLOW_IF_AVAILABLE.
     pub default_commit_overage_policy: Option<WirePolicy>,
+    /// Defaults to 60000.
+    #[schema(minimum = 1_000, maximum = 86_400_000)]
     pub default_reservation_ttl_ms: Option<i64>,
+    /// Defaults to 3600000.
+    #[schema(minimum = 1_000, maximum = 86_400_000)]
     pub max_reservation_ttl_ms: Option<i64>,
+    /// Defaults to 10.
+    #[schema(minimum = 0, maximum = 4_294_967_295_i64)]
     pub max_reservation_extensions: Option<i64>,
+    /// Defaults to AUTO_RELEASE.
+    #[schema(value_type = Option<ReservationExpiryPolicy>, inline)]
     pub reservation_expiry_policy: Option<String>,
 }
 
@@ -152,15 +174,24 @@ impl TenantCreateRequest {
 }
 
 /// The body of `PATCH /v1/admin/tenants/{tenant_id}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(
+    description = "A partial update of a tenant: only the fields present change. Setting status to CLOSED is final and closes the tenant's budgets."
+)]
 pub struct TenantUpdateRequest {
+    #[schema(min_length = 1, max_length = 256)]
     pub name: Option<String>,
+    #[schema(value_type = Option<TenantStatusSchema>, inline)]
     pub status: Option<String>,
+    /// Replaces the metadata; at most 32 entries.
     pub metadata: Option<BTreeMap<String, String>>,
     pub default_commit_overage_policy: Option<WirePolicy>,
+    #[schema(minimum = 1_000, maximum = 86_400_000)]
     pub default_reservation_ttl_ms: Option<i64>,
+    #[schema(minimum = 1_000, maximum = 86_400_000)]
     pub max_reservation_ttl_ms: Option<i64>,
+    #[schema(minimum = 0, maximum = 4_294_967_295_i64)]
     pub max_reservation_extensions: Option<i64>,
 }
 
@@ -196,10 +227,12 @@ impl TenantUpdateRequest {
 }
 
 /// `Tenant`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Tenant, description = "A tenant.")]
 pub struct TenantResponse {
     pub tenant_id: String,
     pub name: String,
+    #[schema(value_type = TenantStatusSchema, inline)]
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent_tenant_id: Option<String>,
@@ -207,14 +240,20 @@ pub struct TenantResponse {
     pub default_reservation_ttl_ms: i64,
     pub max_reservation_ttl_ms: i64,
     pub max_reservation_extensions: u32,
+    #[schema(value_type = ReservationExpiryPolicy, inline)]
     pub reservation_expiry_policy: &'static str,
+    /// Absent when empty.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub suspended_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub closed_at: Option<String>,
 }
 
@@ -240,15 +279,25 @@ impl From<Tenant> for TenantResponse {
 }
 
 /// `ApiKeyCreateRequest`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A new API key for an ACTIVE tenant.")]
 pub struct ApiKeyCreateRequest {
+    #[schema(min_length = 3, max_length = 64, pattern = "^[a-z0-9-]+$")]
     pub tenant_id: String,
+    #[schema(min_length = 1, max_length = 256)]
     pub name: String,
+    #[schema(max_length = 1024)]
     pub description: Option<String>,
+    /// Defaults to the reservations:*, balances:read, budgets:* and policies:* permissions.
+    #[schema(value_type = Option<Vec<PermissionSchema>>)]
     pub permissions: Option<Vec<String>>,
+    /// Scope prefixes (each up to 256 characters), recorded and reported.
     pub scope_filter: Option<Vec<String>>,
+    /// Defaults to one year from creation.
+    #[schema(format = DateTime)]
     pub expires_at: Option<String>,
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -301,14 +350,18 @@ fn permission_names(ps: &[Permission]) -> Vec<&'static str> {
 }
 
 /// `ApiKeyCreateResponse`: the only time the secret is shown.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "A new API key: the only time its secret is shown.")]
 pub struct ApiKeyCreateResponse {
     pub key_id: String,
     pub key_secret: String,
     pub key_prefix: String,
     pub tenant_id: String,
+    #[schema(value_type = Vec<PermissionSchema>)]
     pub permissions: Vec<&'static str>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub expires_at: String,
 }
 
@@ -327,7 +380,8 @@ impl ApiKeyCreateResponse {
 }
 
 /// `ApiKey` (never the secret or its digest).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ApiKey, description = "An API key (never its secret).")]
 pub struct ApiKeyResponse {
     pub key_id: String,
     pub tenant_id: String,
@@ -335,17 +389,24 @@ pub struct ApiKeyResponse {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    #[schema(value_type = Vec<PermissionSchema>)]
     pub permissions: Vec<&'static str>,
+    /// Absent when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scope_filter: Vec<String>,
+    #[schema(value_type = KeyStatusSchema, inline)]
     pub status: &'static str,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub expires_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub revoked_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoked_reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Box<RawValue>>,
 }
 
@@ -372,18 +433,31 @@ impl ApiKeyResponse {
 const ROLLOVER_POLICIES: &str = "NONE, CARRY_FORWARD, CAP_AT_ALLOCATED";
 
 /// `BudgetCreateRequest`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A new budget at one (scope, unit).")]
 pub struct BudgetCreateRequest {
+    /// Required with the admin key; must be absent with a tenant key (the key's tenant is used).
+    #[schema(min_length = 3, max_length = 64, pattern = "^[a-z0-9-]+$")]
     pub tenant_id: Option<String>,
+    /// `tenant:<id>[/workspace:<v>[/app:<v>...]]`, levels in order, each at most once.
+    #[schema(min_length = 1, max_length = 1024)]
     pub scope: String,
     pub unit: WireUnit,
+    /// In `unit`.
     pub allocated: Amount,
+    /// In `unit`; defaults to 0.
     pub overdraft_limit: Option<Amount>,
+    /// Defaults to the tenant's `default_commit_overage_policy` when absent.
     pub commit_overage_policy: Option<WirePolicy>,
+    /// Defaults to NONE.
+    #[schema(value_type = Option<RolloverSchema>, inline)]
     pub rollover_policy: Option<String>,
+    #[schema(format = DateTime)]
     pub period_start: Option<String>,
+    #[schema(format = DateTime)]
     pub period_end: Option<String>,
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -442,11 +516,14 @@ impl BudgetCreateRequest {
 }
 
 /// The body of `PATCH /v1/admin/budgets`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A partial update of a budget: only the fields present change.")]
 pub struct BudgetUpdateRequest {
+    /// In the budget's unit.
     pub overdraft_limit: Option<Amount>,
     pub commit_overage_policy: Option<WirePolicy>,
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -473,10 +550,13 @@ impl BudgetUpdateRequest {
 }
 
 /// `BudgetStatusTransitionRequest` (freeze / unfreeze; the body is optional).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Why a budget is frozen or unfrozen (validated, not stored).")]
 pub struct BudgetStatusTransitionRequest {
+    #[schema(max_length = 512)]
     pub reason: Option<String>,
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -492,18 +572,25 @@ impl Validate for BudgetStatusTransitionRequest {
 const FUNDING_OPS: &str = "CREDIT, DEBIT, RESET, RESET_SPENT, REPAY_DEBT";
 
 /// `BudgetFundingRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A funding operation on one budget.")]
 pub struct BudgetFundingRequest {
+    #[schema(value_type = FundingOperation, inline)]
     pub operation: String,
+    /// In the budget's unit.
     pub amount: Amount,
+    /// RESET_SPENT only: the new `spent` (defaults to 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spent: Option<Amount>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 512)]
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -557,17 +644,22 @@ impl BudgetFundingRequest {
 }
 
 /// `BudgetFundingResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "A budget's amounts before and after a funding operation.")]
 pub struct BudgetFundingResponse {
+    #[schema(value_type = FundingOperation, inline)]
     pub operation: &'static str,
     pub previous_allocated: Amount,
     pub new_allocated: Amount,
+    #[schema(value_type = SignedAmount)]
     pub previous_remaining: Amount,
+    #[schema(value_type = SignedAmount)]
     pub new_remaining: Amount,
     pub previous_debt: Amount,
     pub new_debt: Amount,
     pub previous_spent: Amount,
     pub new_spent: Amount,
+    #[schema(format = DateTime)]
     pub timestamp: String,
 }
 
@@ -590,7 +682,10 @@ impl From<FundResult> for BudgetFundingResponse {
 }
 
 /// `BudgetLedger`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(
+    description = "One budget: `remaining = allocated - spent - reserved - debt` always holds."
+)]
 pub struct BudgetLedger {
     pub ledger_id: String,
     pub tenant_id: String,
@@ -598,6 +693,7 @@ pub struct BudgetLedger {
     pub scope_path: String,
     pub unit: WireUnit,
     pub allocated: Amount,
+    #[schema(value_type = SignedAmount)]
     pub remaining: Amount,
     pub reserved: Amount,
     pub spent: Amount,
@@ -606,13 +702,19 @@ pub struct BudgetLedger {
     pub is_over_limit: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_overage_policy: Option<WirePolicy>,
+    #[schema(value_type = BudgetStatusSchema, inline)]
     pub status: &'static str,
+    #[schema(value_type = RolloverSchema, inline)]
     pub rollover_policy: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub period_start: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub period_end: Option<String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
 }
 
@@ -644,7 +746,8 @@ impl From<Budget> for BudgetLedger {
 }
 
 /// `BudgetListResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "A page of budgets, in (scope, unit) order.")]
 pub struct BudgetListResponse {
     pub ledgers: Vec<BudgetLedger>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -6,13 +6,16 @@ use ledger::{leaf_segment, Balance as DomainBalance, OveragePolicy, Unit};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
+use crate::schema::SignedAmount;
 use crate::validate::{max_len, non_negative};
 use crate::ApiError;
 
 /// `UnitEnum`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[schema(as = UnitEnum, description = "The unit an amount is counted in.")]
 pub enum WireUnit {
     UsdMicrocents,
     Tokens,
@@ -43,8 +46,12 @@ impl From<Unit> for WireUnit {
 }
 
 /// `CommitOveragePolicy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[schema(
+    as = CommitOveragePolicy,
+    description = "What a commit or event does when the actual amount exceeds what is available."
+)]
 pub enum WirePolicy {
     Reject,
     AllowIfAvailable,
@@ -72,10 +79,12 @@ impl From<OveragePolicy> for WirePolicy {
 }
 
 /// `Amount` (non-negative) on input and output; `SignedAmount` on output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "A non-negative amount in a unit.")]
 pub struct Amount {
     pub unit: WireUnit,
+    #[schema(minimum = 0)]
     pub amount: i64,
 }
 
@@ -108,21 +117,31 @@ pub fn metadata_raw(text: &Option<String>) -> Option<Box<RawValue>> {
 }
 
 /// `Subject`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(
+    description = "Who is spending: at least one of tenant, workspace, app, workflow, agent, toolset is required. Each names one scope level; the budgets on every level named are checked."
+)]
 pub struct Subject {
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[a-zA-Z0-9_.-]+$")]
     pub tenant: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[a-zA-Z0-9_.-]+$")]
     pub workspace: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[a-zA-Z0-9_.-]+$")]
     pub app: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[a-zA-Z0-9_.-]+$")]
     pub workflow: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[a-zA-Z0-9_.-]+$")]
     pub agent: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[a-zA-Z0-9_.-]+$")]
     pub toolset: Option<String>,
+    /// Free-form string dimensions (at most 16; keys up to 128, values up to 256 characters).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<BTreeMap<String, String>>,
 }
@@ -197,12 +216,17 @@ impl From<&ledger::Subject> for Subject {
 }
 
 /// `Action`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "What is being paid for.")]
 pub struct Action {
+    #[schema(max_length = 64)]
     pub kind: String,
+    #[schema(max_length = 256)]
     pub name: String,
+    /// At most 10 tags of up to 64 characters.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 10)]
     pub tags: Option<Vec<String>>,
 }
 
@@ -243,18 +267,24 @@ impl From<&ledger::Action> for Action {
 }
 
 /// `StandardMetrics`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Usage metrics reported with a commit or an event.")]
 pub struct StandardMetrics {
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
     pub tokens_input: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
     pub tokens_output: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
     pub latency_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 128)]
     pub model_version: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub custom: Option<Metadata>,
 }
 
@@ -278,10 +308,11 @@ impl StandardMetrics {
 
 /// `Balance`: one `(scope, unit)` ledger. Every amount is emitted, so clients can check
 /// `remaining = allocated − spent − reserved − debt` themselves.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Balance {
     pub scope: String,
     pub scope_path: String,
+    #[schema(value_type = SignedAmount)]
     pub remaining: Amount,
     pub reserved: Amount,
     pub spent: Amount,

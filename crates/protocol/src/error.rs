@@ -3,6 +3,7 @@
 use ledger::Rejection;
 use serde::Serialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 /// Which plane a request belongs to: the runtime's error enum is closed, so codes that only
 /// the admin plane knows fall back to their runtime equivalent there.
@@ -12,8 +13,11 @@ pub enum Plane {
     Admin,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[schema(
+    description = "Why a request failed. The runtime plane (/v1/reservations, /v1/decide, /v1/events, /v1/balances) uses only the runtime codes; TENANT_NOT_FOUND, BUDGET_NOT_FOUND, INSUFFICIENT_PERMISSIONS, DUPLICATE_RESOURCE and KEY_REVOKED come from the admin plane."
+)]
 pub enum ErrorCode {
     InvalidRequest,
     Unauthorized,
@@ -134,13 +138,20 @@ impl ApiError {
 }
 
 /// The error body: exactly `{error, message, request_id, trace_id, details?}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(
+    as = ErrorResponse,
+    description = "Every error answer. `request_id` and `trace_id` equal the X-Request-Id and X-Cycles-Trace-Id response headers."
+)]
 pub struct ErrorBody<'a> {
     pub error: ErrorCode,
     pub message: &'a str,
     pub request_id: &'a str,
+    #[schema(pattern = "^[0-9a-f]{32}$")]
     pub trace_id: &'a str,
+    /// Structured context, e.g. `{scope, requested_unit, expected_units}` on UNIT_MISMATCH.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub details: Option<&'a Value>,
 }
 

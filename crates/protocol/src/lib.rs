@@ -9,7 +9,9 @@ mod cursor;
 mod error;
 mod fingerprint;
 pub mod listing;
+pub mod policy;
 pub mod runtime;
+pub mod schema;
 mod time;
 mod validate;
 

@@ -6,8 +6,10 @@ use ledger::{
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
 
 use crate::common::metadata_raw;
+use crate::schema::ReservationStatus as StatusSchema;
 use crate::{parse_rfc3339, Action, Amount, ApiError, Subject};
 
 /// A cursor is valid only for the same order and filters it was issued under.
@@ -156,9 +158,11 @@ impl Include {
 }
 
 /// `ReservationSummary`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "One reservation in a listing.")]
 pub struct ReservationSummary {
     pub reservation_id: String,
+    #[schema(value_type = StatusSchema)]
     pub status: &'static str,
     pub subject: Subject,
     pub action: Action,
@@ -172,9 +176,13 @@ pub struct ReservationSummary {
     pub finalized_at_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub committed: Option<Amount>,
+    /// Only with `include=metadata`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Box<RawValue>>,
+    /// Only with `include=committed_metadata`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub committed_metadata: Option<Box<RawValue>>,
 }
 
@@ -208,7 +216,8 @@ impl ReservationSummary {
 }
 
 /// `ReservationListResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "A page of reservations.")]
 pub struct ReservationListResponse {
     pub reservations: Vec<ReservationSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]

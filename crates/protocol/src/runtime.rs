@@ -6,8 +6,12 @@ use ledger::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
 use crate::common::{balances, metadata_raw, metadata_text, Metadata};
+use crate::schema::{
+    AppliedStatus, CommittedStatus, DecisionEnum, ExtendedStatus, ReleasedStatus, ReservationStatus,
+};
 use crate::validate::{idempotency_key, max_len, non_negative, range};
 use crate::{
     fingerprint, Action, Amount, ApiError, Balance, StandardMetrics, Subject, Validate, WirePolicy,
@@ -33,22 +37,29 @@ fn idem<T: Serialize>(request: &T, key: &str) -> Idempotency {
 }
 
 /// `ReservationCreateRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Reserve `estimate` on every budget the subject names.")]
 pub struct ReservationCreateRequest {
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: String,
     pub subject: Subject,
     pub action: Action,
     pub estimate: Amount,
+    /// Defaults to the tenant's `default_reservation_ttl_ms` (60000 unless configured),
+    /// capped at its `max_reservation_ttl_ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1_000, maximum = 86_400_000)]
     pub ttl_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 60_000, default = 5_000)]
     pub grace_period_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overage_policy: Option<WirePolicy>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -88,8 +99,12 @@ impl ReservationCreateRequest {
 }
 
 /// `ReservationCreateResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(
+    description = "A reservation, or with `dry_run` an evaluation: DENY carries `reason_code` and holds nothing."
+)]
 pub struct ReservationCreateResponse {
+    #[schema(value_type = DecisionEnum)]
     pub decision: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
@@ -105,6 +120,8 @@ pub struct ReservationCreateResponse {
     pub balances: Option<Vec<Balance>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caps: Option<crate::policy::Caps>,
 }
 
 impl ReservationCreateResponse {
@@ -119,19 +136,23 @@ impl ReservationCreateResponse {
             reserved: r.reserved.map(|(u, a)| Amount::new(u, a)),
             balances: balances(&r.balances),
             reason_code: r.reason_code,
+            caps: r.caps.map(Into::into),
         }
     }
 }
 
 /// `CommitRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Charge the actual amount of a reservation.")]
 pub struct CommitRequest {
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: String,
     pub actual: Amount,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<StandardMetrics>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -160,8 +181,10 @@ impl CommitRequest {
 }
 
 /// `CommitResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "What was charged and what flowed back.")]
 pub struct CommitResponse {
+    #[schema(value_type = CommittedStatus, inline)]
     pub status: &'static str,
     pub charged: Amount,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -182,11 +205,14 @@ impl From<CommitResult> for CommitResponse {
 }
 
 /// `ReleaseRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Release a reservation's whole hold.")]
 pub struct ReleaseRequest {
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 256)]
     pub reason: Option<String>,
 }
 
@@ -212,8 +238,10 @@ impl ReleaseRequest {
 }
 
 /// `ReleaseResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "What flowed back.")]
 pub struct ReleaseResponse {
+    #[schema(value_type = ReleasedStatus, inline)]
     pub status: &'static str,
     pub released: Amount,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -231,12 +259,16 @@ impl From<ReleaseResult> for ReleaseResponse {
 }
 
 /// `ReservationExtendRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Move a reservation's expiry later by `extend_by_ms`.")]
 pub struct ReservationExtendRequest {
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: String,
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub extend_by_ms: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -259,8 +291,10 @@ impl ReservationExtendRequest {
 }
 
 /// `ReservationExtendResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "The reservation's new expiry.")]
 pub struct ReservationExtendResponse {
+    #[schema(value_type = ExtendedStatus, inline)]
     pub status: &'static str,
     pub expires_at_ms: i64,
     pub remaining_ttl_ms: i64,
@@ -280,14 +314,17 @@ impl ReservationExtendResponse {
 }
 
 /// `DecisionRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Ask whether a spend would be admitted, holding nothing.")]
 pub struct DecisionRequest {
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: String,
     pub subject: Subject,
     pub action: Action,
     pub estimate: Amount,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -313,11 +350,15 @@ impl DecisionRequest {
 }
 
 /// `DecisionResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "The decision; DENY carries `reason_code`.")]
 pub struct DecisionResponse {
+    #[schema(value_type = DecisionEnum)]
     pub decision: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caps: Option<crate::policy::Caps>,
     pub affected_scopes: Vec<String>,
 }
 
@@ -326,15 +367,18 @@ impl From<DecideResult> for DecisionResponse {
         DecisionResponse {
             decision: r.decision.as_str(),
             reason_code: r.reason_code,
+            caps: r.caps.map(Into::into),
             affected_scopes: r.affected_scopes,
         }
     }
 }
 
 /// `EventCreateRequest`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(description = "Spend that already happened, charged without a reservation.")]
 pub struct EventCreateRequest {
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: String,
     pub subject: Subject,
     pub action: Action,
@@ -344,8 +388,10 @@ pub struct EventCreateRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<StandardMetrics>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
     pub client_time_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -380,8 +426,10 @@ impl EventCreateRequest {
 }
 
 /// `EventCreateResponse` (201).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "The applied event.")]
 pub struct EventCreateResponse {
+    #[schema(value_type = AppliedStatus, inline)]
     pub status: &'static str,
     pub event_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -402,9 +450,11 @@ impl From<EventResult> for EventCreateResponse {
 }
 
 /// `ReservationDetail`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "One reservation.")]
 pub struct ReservationDetail {
     pub reservation_id: String,
+    #[schema(value_type = ReservationStatus)]
     pub status: &'static str,
     pub subject: Subject,
     pub action: Action,
@@ -419,8 +469,10 @@ pub struct ReservationDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finalized_at_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub committed_metadata: Option<Box<RawValue>>,
 }
 
@@ -446,7 +498,8 @@ impl From<&Reservation> for ReservationDetail {
 }
 
 /// `BalanceResponse`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "A page of balances, in (scope, unit) order.")]
 pub struct BalanceResponse {
     pub balances: Vec<Balance>,
     #[serde(skip_serializing_if = "Option::is_none")]

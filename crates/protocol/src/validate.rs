@@ -1,6 +1,7 @@
 //! Parsing and validation: every failure names the field.
 
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::ApiError;
 
@@ -15,28 +16,48 @@ pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> Result<T, ApiE
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid("Request body is required"));
     }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let json: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
+    reject_nulls(&json, "")?;
+    let value: T = serde_path_to_error::deserialize(json).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        let what = inner.to_string();
-        // serde_json appends " at line L column C": useful for syntax errors only.
-        let what = match inner.classify() {
-            serde_json::error::Category::Data => what
-                .rsplit_once(" at line ")
-                .map_or(what.clone(), |(w, _)| w.to_string()),
-            _ => what,
-        };
-        if path == "." || inner.is_syntax() || inner.is_eof() {
+        let what = e.into_inner().to_string();
+        if path == "." {
             ApiError::invalid(format!("Malformed request body: {what}"))
         } else {
             ApiError::invalid(format!("{path}: {what}"))
         }
     })?;
-    de.end()
-        .map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
     value.validate()?;
     Ok(value)
+}
+
+/// No schema field is nullable: an explicit `null` is a wrong type, not an absent field.
+/// Open objects (`metadata`, `metrics.custom`) may hold anything.
+fn reject_nulls(value: &Value, path: &str) -> Result<(), ApiError> {
+    match value {
+        Value::Null => Err(ApiError::invalid(format!(
+            "{}: must not be null (omit the field instead)",
+            if path.is_empty() { "body" } else { path }
+        ))),
+        Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+            let child = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            match (k.as_str(), v) {
+                // The open object itself must be an object; what it holds is the client's.
+                ("metadata" | "custom", Value::Object(_)) => Ok(()),
+                _ => reject_nulls(v, &child),
+            }
+        }),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| reject_nulls(v, &format!("{path}[{i}]"))),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn max_len(field: &str, value: &str, max: usize) -> Result<(), ApiError> {

@@ -19,6 +19,10 @@ pub fn key_id() -> String {
     format!("key_{}", &Uuid::new_v4().simple().to_string()[..16])
 }
 
+pub fn policy_id() -> String {
+    format!("pol_{}", &Uuid::new_v4().simple().to_string()[..16])
+}
+
 pub fn ledger_id() -> String {
     Uuid::new_v4().to_string()
 }

@@ -13,6 +13,7 @@ pub mod correlation;
 mod ids;
 mod jobs;
 mod metrics;
+mod openapi;
 mod query;
 mod ratelimit;
 mod reply;

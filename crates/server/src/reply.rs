@@ -55,6 +55,11 @@ pub fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     }
 }
 
+/// A JSON success body with the caller's tenant header.
+pub fn tenant_json<T: Serialize>(status: StatusCode, body: &T, tenant: Option<String>) -> Answer {
+    Ok(with_tenant(json(status, body), tenant.as_deref()))
+}
+
 pub fn with_tenant(mut response: Response, tenant: Option<&str>) -> Response {
     if let Some(v) = tenant.and_then(|t| HeaderValue::from_str(t).ok()) {
         response.headers_mut().insert(TENANT_HEADER, v);

@@ -180,8 +180,18 @@ impl Tx<'_> {
         self.put_budgets(budgets)
     }
 
+    /// Refuses any change to an object owned by a CLOSED tenant (admin spec §4.2, rule 2).
+    fn open_tenant(&self, tenant_id: &str) -> Result<(), Rejection> {
+        match self.state.tenants.get(tenant_id) {
+            Some(t) if t.status == TenantStatus::Closed => {
+                Err(Rejection::TenantClosed(tenant_id.to_string()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Refuses writes on behalf of a tenant that is not ACTIVE.
-    fn writable_tenant(&self, tenant_id: &str) -> Result<(), Rejection> {
+    pub(crate) fn writable_tenant(&self, tenant_id: &str) -> Result<(), Rejection> {
         match self.existing_tenant(tenant_id)?.status {
             TenantStatus::Active => Ok(()),
             TenantStatus::Closed => Err(Rejection::TenantClosed(tenant_id.to_string())),
@@ -240,6 +250,7 @@ impl Tx<'_> {
             .get(key_id)
             .cloned()
             .ok_or_else(|| Rejection::NotFound(format!("API key not found: {key_id}")))?;
+        self.open_tenant(&key.tenant_id)?;
         if key.status == ApiKeyStatus::Revoked {
             return Err(Rejection::KeyRevoked(key_id.to_string()));
         }
@@ -252,7 +263,7 @@ impl Tx<'_> {
 
     /// The tenant a budget operation acts for: the key's tenant, or with the admin key the
     /// `tenant_id` the request names (required).
-    fn acting_tenant(
+    pub(crate) fn acting_tenant(
         &mut self,
         actor: &Actor,
         permission: Permission,
@@ -268,19 +279,30 @@ impl Tx<'_> {
         }
     }
 
-    pub(crate) fn create_budget(
+    /// The tenant a create request acts for: the key's own, or with the admin key the body's
+    /// `tenant_id` (required there, and refused with a tenant key).
+    pub(crate) fn creating_tenant(
         &mut self,
         actor: &Actor,
-        new: NewBudget,
-    ) -> Result<Outcome, Rejection> {
-        if matches!(actor, Actor::ApiKey(_)) && new.tenant_id.is_some() {
+        permission: Permission,
+        named: Option<String>,
+    ) -> Result<String, Rejection> {
+        if matches!(actor, Actor::ApiKey(_)) && named.is_some() {
             self.authenticate(actor)?;
             return Err(Rejection::InvalidRequest(
                 "tenant_id must not be set when using a tenant API key".into(),
             ));
         }
+        self.acting_tenant(actor, permission, named)
+    }
+
+    pub(crate) fn create_budget(
+        &mut self,
+        actor: &Actor,
+        new: NewBudget,
+    ) -> Result<Outcome, Rejection> {
         let tenant_id =
-            self.acting_tenant(actor, Permission::BudgetsWrite, new.tenant_id.clone())?;
+            self.creating_tenant(actor, Permission::BudgetsWrite, new.tenant_id.clone())?;
         self.writable_tenant(&tenant_id)?;
         let scope = canonical_budget_scope(&new.scope, &tenant_id)?;
         let key = BudgetKey {
@@ -456,6 +478,7 @@ impl Tx<'_> {
     ) -> Result<Outcome, Rejection> {
         self.require_admin(actor)?;
         let mut b = self.visible_budget(actor, Permission::BudgetsWrite, scope, unit)?;
+        self.open_tenant(&b.tenant_id)?;
         if b.status == BudgetStatus::Closed {
             return Err(Rejection::BudgetClosed { scope: b.scope });
         }
@@ -482,6 +505,7 @@ impl Tx<'_> {
     ) -> Result<Outcome, Rejection> {
         self.require_admin(actor)?;
         let mut b = self.visible_budget(actor, Permission::BudgetsWrite, scope, unit)?;
+        self.open_tenant(&b.tenant_id)?;
         let (from, to) = if frozen {
             (BudgetStatus::Active, BudgetStatus::Frozen)
         } else {

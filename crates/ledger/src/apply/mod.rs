@@ -5,6 +5,7 @@ mod auth;
 mod lifecycle;
 mod list;
 mod maintain;
+mod policy;
 mod reserve;
 
 use crate::{
@@ -94,6 +95,13 @@ impl Tx<'_> {
                 unit,
                 frozen,
             } => self.set_budget_frozen(&actor, &scope, unit, frozen),
+            Command::CreatePolicy { actor, policy } => self.create_policy(&actor, policy),
+            Command::ListPolicies { actor, query } => self.list_policies(&actor, query),
+            Command::UpdatePolicy {
+                actor,
+                policy_id,
+                patch,
+            } => self.update_policy(&actor, &policy_id, patch),
             Command::Maintain { limit } => Ok(self.maintain(limit)),
         }
     }

@@ -4,12 +4,21 @@ use std::ops::Bound;
 
 use crate::{
     admission_refusal, charge_amount, derive_scopes, has_segment, Balance, BalanceQuery, Budget,
-    BudgetKey, DecideCmd, DecideResult, Decision, Effect, Endpoint, EventCmd, EventResult, IdemKey,
-    Outcome, Permission, Refusal, Rejection, Reservation, ReservationStatus, ReserveCmd,
+    BudgetKey, Caps, DecideCmd, DecideResult, Decision, Effect, Endpoint, EventCmd, EventResult,
+    IdemKey, Outcome, Permission, Refusal, Rejection, Reservation, ReservationStatus, ReserveCmd,
     ReserveResult, StoredOutcome, Subject, TenantStatus, Unit,
 };
 
 use super::{Tx, DAY_MS};
+
+/// ALLOW, or ALLOW_WITH_CAPS when a policy supplies caps.
+fn decision_with(caps: &Option<Caps>) -> Decision {
+    if caps.is_some() {
+        Decision::AllowWithCaps
+    } else {
+        Decision::Allow
+    }
+}
 
 /// How long a direct event's idempotency record lives.
 const EVENT_IDEMPOTENCY_MS: i64 = 7 * DAY_MS;
@@ -148,17 +157,22 @@ impl Tx<'_> {
                 affected_scopes: scopes,
                 balances: Vec::new(),
                 reason_code: Some(reason.to_string()),
+                caps: None,
             },
-            Ok(budgets) if cmd.dry_run => ReserveResult {
-                decision: Decision::Allow,
-                reservation_id: None,
-                expires_at_ms: None,
-                reserved: Some((cmd.unit, cmd.estimate)),
-                scope_path,
-                affected_scopes: scopes,
-                balances: budgets.iter().map(Balance::from).collect(),
-                reason_code: None,
-            },
+            Ok(budgets) if cmd.dry_run => {
+                let caps = self.caps_for(&caller.tenant_id, &scope_path);
+                ReserveResult {
+                    decision: decision_with(&caps),
+                    reservation_id: None,
+                    expires_at_ms: None,
+                    reserved: Some((cmd.unit, cmd.estimate)),
+                    scope_path,
+                    affected_scopes: scopes,
+                    balances: budgets.iter().map(Balance::from).collect(),
+                    reason_code: None,
+                    caps,
+                }
+            }
             Ok(budgets) => self.hold(&caller.tenant_id, &cmd, scopes, budgets)?,
         };
         let retention = match &result.expires_at_ms {
@@ -177,6 +191,12 @@ impl Tx<'_> {
             remaining_ttl_ms,
             replayed: false,
         })
+    }
+
+    /// The caps of the policy governing `scope_path`, if any.
+    fn caps_for(&self, tenant_id: &str, scope_path: &str) -> Option<Caps> {
+        self.governing_policy(tenant_id, scope_path)
+            .and_then(|p| p.caps.clone())
     }
 
     /// `remaining_ttl_ms` for a replayed reserve: recomputed from the original expiry, 0 once
@@ -200,12 +220,22 @@ impl Tx<'_> {
         mut budgets: Vec<Budget>,
     ) -> Result<ReserveResult, Rejection> {
         let tenant = self.existing_tenant(tenant_id)?.clone();
+        let scope_path = scopes.last().cloned().unwrap_or_default();
+        let governing = self.governing_policy(tenant_id, &scope_path).cloned();
+        let limits = governing
+            .as_ref()
+            .and_then(|p| p.reservation_ttl_override)
+            .unwrap_or_default();
         let ttl = cmd
             .ttl_ms
+            .or(limits.default_ttl_ms)
             .unwrap_or(tenant.default_reservation_ttl_ms)
-            .min(tenant.max_reservation_ttl_ms);
+            .min(limits.max_ttl_ms.unwrap_or(tenant.max_reservation_ttl_ms));
+        let caps = governing.as_ref().and_then(|p| p.caps.clone());
+        // Most specific wins: reservation, policy, budget ledger, tenant default.
         let policy = cmd
             .overage_policy
+            .or_else(|| governing.as_ref().and_then(|p| p.commit_overage_policy))
             .or_else(|| budgets.last().and_then(|b| b.commit_overage_policy))
             .unwrap_or(tenant.default_commit_overage_policy);
         for b in &mut budgets {
@@ -218,7 +248,7 @@ impl Tx<'_> {
             action: cmd.action.clone(),
             unit: cmd.unit,
             estimate: cmd.estimate,
-            scope_path: scopes.last().cloned().unwrap_or_default(),
+            scope_path,
             affected_scopes: scopes.clone(),
             budgeted_scopes: budgets.iter().map(|b| b.scope.clone()).collect(),
             created_at_ms: self.now,
@@ -228,7 +258,9 @@ impl Tx<'_> {
             metadata: cmd.metadata.clone(),
             idempotency_key: cmd.idem.key.clone(),
             extension_count: 0,
-            max_extensions: tenant.max_reservation_extensions,
+            max_extensions: limits
+                .max_extensions
+                .unwrap_or(tenant.max_reservation_extensions),
             status: ReservationStatus::Active,
             charged: None,
             finalized_at_ms: None,
@@ -246,7 +278,7 @@ impl Tx<'_> {
         let balances = budgets.iter().map(Balance::from).collect();
         self.put_budgets(budgets)?;
         let result = ReserveResult {
-            decision: Decision::Allow,
+            decision: decision_with(&caps),
             reservation_id: Some(reservation.reservation_id.clone()),
             expires_at_ms: Some(reservation.expires_at_ms),
             reserved: Some((cmd.unit, cmd.estimate)),
@@ -254,6 +286,7 @@ impl Tx<'_> {
             affected_scopes: scopes,
             balances,
             reason_code: None,
+            caps,
         };
         self.put(Effect::PutReservation(Box::new(reservation)));
         Ok(result)
@@ -277,16 +310,24 @@ impl Tx<'_> {
                 replayed: true,
             });
         }
-        let (decision, reason_code) =
-            match self.admit(&caller.tenant_id, &scopes, cmd.unit, cmd.estimate) {
-                Ok(_) => (Decision::Allow, None),
-                Err(Blocked::Deny(reason, _)) => (Decision::Deny, Some(reason.to_string())),
-                Err(Blocked::Error(e)) => return Err(e),
-            };
-        let result = DecideResult {
-            decision,
-            reason_code,
-            affected_scopes: scopes,
+        let result = match self.admit(&caller.tenant_id, &scopes, cmd.unit, cmd.estimate) {
+            Ok(_) => {
+                let path = scopes.last().cloned().unwrap_or_default();
+                let caps = self.caps_for(&caller.tenant_id, &path);
+                DecideResult {
+                    decision: decision_with(&caps),
+                    reason_code: None,
+                    caps,
+                    affected_scopes: scopes,
+                }
+            }
+            Err(Blocked::Deny(reason, _)) => DecideResult {
+                decision: Decision::Deny,
+                reason_code: Some(reason.to_string()),
+                caps: None,
+                affected_scopes: scopes,
+            },
+            Err(Blocked::Error(e)) => return Err(e),
         };
         self.remember(
             idem_key,

@@ -23,7 +23,7 @@ use crate::app::App;
 use crate::auth;
 use crate::ids;
 use crate::query::Query;
-use crate::reply::{json, unexpected, with_tenant, Answer, Failure};
+use crate::reply::{json, tenant_json, unexpected, Answer, Failure};
 
 async fn body<T: DeserializeOwned + Validate>(
     app: &App,
@@ -62,10 +62,7 @@ fn budget_answer(outcome: Outcome, status: StatusCode, tenant: Option<String>) -
     let Outcome::Budget(budget) = outcome else {
         return Err(unexpected(&outcome));
     };
-    Ok(with_tenant(
-        json(status, &BudgetLedger::from(budget)),
-        tenant.as_deref(),
-    ))
+    tenant_json(status, &BudgetLedger::from(budget), tenant)
 }
 
 pub async fn create_tenant(
@@ -234,10 +231,7 @@ pub async fn list_budgets(
         next_cursor,
         has_more,
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &response),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &response, tenant)
 }
 
 /// The `scope` and `unit` query parameters that address one budget.
@@ -284,10 +278,7 @@ pub async fn fund_budget(
     let Outcome::Funded { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &BudgetFundingResponse::from(result)),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &BudgetFundingResponse::from(result), tenant)
 }
 
 pub async fn update_budget(

@@ -2,6 +2,7 @@
 
 mod admin;
 mod health;
+mod policies;
 mod runtime;
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use protocol::MAX_BODY_BYTES;
 use crate::app::App;
 use crate::correlation;
 use crate::metrics;
+use crate::openapi;
 use crate::ratelimit::{self, Limiter, RateLimit};
 
 pub fn router(app: Arc<App>, rate_limit: Option<RateLimit>) -> Router {
@@ -30,6 +32,7 @@ pub fn router(app: Arc<App>, rate_limit: Option<RateLimit>) -> Router {
         .route("/actuator/health/liveness", get(health::liveness))
         .route("/actuator/health/readiness", get(health::health))
         .route("/metrics", get(metrics::metrics))
+        .merge(openapi::routes())
         .merge(api)
         .layer(middleware::from_fn_with_state(app.clone(), metrics::layer))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -71,4 +74,12 @@ fn api_routes() -> Router<Arc<App>> {
         .route("/v1/admin/budgets/fund", post(admin::fund_budget))
         .route("/v1/admin/budgets/freeze", post(admin::freeze_budget))
         .route("/v1/admin/budgets/unfreeze", post(admin::unfreeze_budget))
+        .route(
+            "/v1/admin/policies",
+            post(policies::create_policy).get(policies::list_policies),
+        )
+        .route(
+            "/v1/admin/policies/{id}",
+            axum::routing::patch(policies::update_policy),
+        )
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
-use ledger::{BalanceQuery, Command, Outcome, SCOPE_LEVELS};
+use ledger::{Actor, BalanceQuery, Command, Outcome, SCOPE_LEVELS};
 use protocol::listing::{
     encode_list_cursor, parse_list_query, Include, ReservationListResponse, ReservationSummary,
 };
@@ -25,7 +25,7 @@ use crate::app::App;
 use crate::auth;
 use crate::ids;
 use crate::query::Query;
-use crate::reply::{json, unexpected, with_date, with_tenant, Answer, Failure};
+use crate::reply::{json, tenant_json, unexpected, with_date, with_tenant, Answer, Failure};
 
 const IDEMPOTENCY_HEADER: &str = "x-idempotency-key";
 
@@ -49,7 +49,7 @@ keyed!(
 /// Parses an idempotent body and checks it against the header (401 first, then 400).
 async fn keyed_body<T: DeserializeOwned + Validate + Keyed>(
     app: &App,
-    actor: &ledger::Actor,
+    actor: &Actor,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<T, Failure> {
@@ -97,6 +97,23 @@ pub async fn create_reservation(
     Ok(with_date(with_tenant(response, tenant.as_deref())))
 }
 
+/// Parses an idempotent body for the reservation named in the path and runs the command
+/// it becomes.
+async fn on_reservation<T: DeserializeOwned + Validate + Keyed>(
+    app: &App,
+    actor: Actor,
+    id: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+    command: impl FnOnce(T, Actor, String) -> Command,
+) -> Result<(Outcome, Option<String>), Failure> {
+    let request: T = keyed_body(app, &actor, headers, body).await?;
+    let id = app
+        .validated(&actor, Plane::Runtime, || reservation_path(id))
+        .await?;
+    app.run(command(request, actor, id), Plane::Runtime).await
+}
+
 pub async fn commit(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -104,23 +121,19 @@ pub async fn commit(
     body: Bytes,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
-    let request: CommitRequest = keyed_body(&app, &actor, &headers, &body).await?;
-    let id = app
-        .validated(&actor, Plane::Runtime, || reservation_path(&id))
-        .await?;
-    let (outcome, tenant) = app
-        .run(
-            Command::Commit(request.into_command(actor, id)),
-            Plane::Runtime,
-        )
-        .await?;
+    let (outcome, tenant) = on_reservation(
+        &app,
+        actor,
+        &id,
+        &headers,
+        &body,
+        |r: CommitRequest, a, id| Command::Commit(r.into_command(a, id)),
+    )
+    .await?;
     let Outcome::Committed { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &CommitResponse::from(result)),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &CommitResponse::from(result), tenant)
 }
 
 pub async fn release(
@@ -130,23 +143,19 @@ pub async fn release(
     body: Bytes,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
-    let request: ReleaseRequest = keyed_body(&app, &actor, &headers, &body).await?;
-    let id = app
-        .validated(&actor, Plane::Runtime, || reservation_path(&id))
-        .await?;
-    let (outcome, tenant) = app
-        .run(
-            Command::Release(request.into_command(actor, id)),
-            Plane::Runtime,
-        )
-        .await?;
+    let (outcome, tenant) = on_reservation(
+        &app,
+        actor,
+        &id,
+        &headers,
+        &body,
+        |r: ReleaseRequest, a, id| Command::Release(r.into_command(a, id)),
+    )
+    .await?;
     let Outcome::Released { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &ReleaseResponse::from(result)),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &ReleaseResponse::from(result), tenant)
 }
 
 pub async fn extend(
@@ -156,16 +165,15 @@ pub async fn extend(
     body: Bytes,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
-    let request: ReservationExtendRequest = keyed_body(&app, &actor, &headers, &body).await?;
-    let id = app
-        .validated(&actor, Plane::Runtime, || reservation_path(&id))
-        .await?;
-    let (outcome, tenant) = app
-        .run(
-            Command::Extend(request.into_command(actor, id)),
-            Plane::Runtime,
-        )
-        .await?;
+    let (outcome, tenant) = on_reservation(
+        &app,
+        actor,
+        &id,
+        &headers,
+        &body,
+        |r: ReservationExtendRequest, a, id| Command::Extend(r.into_command(a, id)),
+    )
+    .await?;
     let Outcome::Extended {
         result,
         remaining_ttl_ms,
@@ -174,11 +182,8 @@ pub async fn extend(
     else {
         return Err(unexpected(&outcome));
     };
-    let response = json(
-        StatusCode::OK,
-        &ReservationExtendResponse::new(result, remaining_ttl_ms),
-    );
-    Ok(with_date(with_tenant(response, tenant.as_deref())))
+    let response = ReservationExtendResponse::new(result, remaining_ttl_ms);
+    tenant_json(StatusCode::OK, &response, tenant).map(with_date)
 }
 
 pub async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
@@ -190,10 +195,7 @@ pub async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes
     let Outcome::Decided { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &DecisionResponse::from(result)),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &DecisionResponse::from(result), tenant)
 }
 
 pub async fn create_event(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
@@ -204,10 +206,11 @@ pub async fn create_event(State(app): State<Arc<App>>, headers: HeaderMap, body:
     let Outcome::EventApplied { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    Ok(with_tenant(
-        json(StatusCode::CREATED, &EventCreateResponse::from(result)),
-        tenant.as_deref(),
-    ))
+    tenant_json(
+        StatusCode::CREATED,
+        &EventCreateResponse::from(result),
+        tenant,
+    )
 }
 
 pub async fn get_reservation(
@@ -227,14 +230,11 @@ pub async fn get_reservation(
     let Outcome::Reservation(r) = outcome else {
         return Err(unexpected(&outcome));
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &ReservationDetail::from(r.as_ref())),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &ReservationDetail::from(r.as_ref()), tenant)
 }
 
 /// Parses the balance filters: at least one subject level is required.
-fn balance_query(actor: ledger::Actor, q: &Query) -> Result<BalanceQuery, ApiError> {
+fn balance_query(actor: Actor, q: &Query) -> Result<BalanceQuery, ApiError> {
     let filters: Vec<(&'static str, String)> = SCOPE_LEVELS[1..]
         .iter()
         .filter_map(|level| q.get(level).map(|v| (*level, v.to_lowercase())))
@@ -284,10 +284,7 @@ pub async fn balances(
         next_cursor,
         has_more,
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &response),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &response, tenant)
 }
 
 pub async fn list_reservations(
@@ -319,8 +316,5 @@ pub async fn list_reservations(
         has_more: next.is_some(),
         next_cursor: next.map(|p| encode_list_cursor(&cursor_query, p)),
     };
-    Ok(with_tenant(
-        json(StatusCode::OK, &response),
-        tenant.as_deref(),
-    ))
+    tenant_json(StatusCode::OK, &response, tenant)
 }

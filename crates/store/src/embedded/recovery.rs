@@ -1,7 +1,8 @@
-//! Recovery: the latest whole snapshot, then every journal record after it, stopping at the
-//! first torn or corrupt frame (which is cut off, with every segment after it).
+//! Recovery: the newest whole snapshot, then every journal record after it. A torn or
+//! corrupt frame at the end of the last segment is a normal crash artefact and is cut off;
+//! missing history (a sequence gap, or damage before the last segment) is refused, never
+//! papered over.
 
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -35,23 +36,14 @@ pub fn recover(dir: &Path, repair: bool) -> io::Result<Recovered> {
     let mut truncated_bytes = 0;
     let mut tail_segment = None;
     let segments = list_segments(dir)?;
-    let mut torn = false;
-    for (_, path) in &segments {
-        if torn {
-            // Records after a gap cannot be applied: drop the whole segment.
-            truncated_bytes += fs::metadata(path)?.len();
-            if repair {
-                fs::remove_file(path)?;
-            }
-            continue;
-        }
-        let mut gap = false;
+    for (i, (_, path)) in segments.iter().enumerate() {
+        let mut gap = None;
         let end = read_segment(path, |record| {
             if record.seq <= last_seq {
                 return true;
             }
             if record.seq != last_seq + 1 {
-                gap = true;
+                gap = Some(record.seq);
                 return false;
             }
             for effect in &record.effects {
@@ -61,9 +53,29 @@ pub fn recover(dir: &Path, repair: bool) -> io::Result<Recovered> {
             records_replayed += 1;
             true
         })?;
-        if end.valid_len < end.file_len || gap {
-            torn = true;
-            truncated_bytes += end.file_len - end.valid_len;
+        if let Some(found) = gap {
+            // Records are missing, not torn: a damaged snapshot or a removed segment. Cutting
+            // here would silently drop acknowledged history, so refuse instead.
+            return Err(io::Error::other(format!(
+                "journal {} continues at seq {found} but the history recovered so far ends at \
+                 {last_seq}: a snapshot or journal segment is damaged or missing; refusing to \
+                 open the data directory (restore it from a backup)",
+                path.display()
+            )));
+        }
+        let torn = end.valid_len < end.file_len;
+        if torn && i + 1 < segments.len() {
+            // Only the last segment is ever being written: damage anywhere else is not a torn
+            // tail and the records after it are acknowledged history.
+            return Err(io::Error::other(format!(
+                "journal {} is damaged at byte {} and later segments exist; refusing to open \
+                 the data directory (restore it from a backup)",
+                path.display(),
+                end.valid_len
+            )));
+        }
+        if torn {
+            truncated_bytes = end.file_len - end.valid_len;
             if repair {
                 truncate_segment(path, end.valid_len)?;
             }

@@ -54,11 +54,19 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
     Ok(postcard::from_bytes(payload).ok().map(|data| (seq, data)))
 }
 
-/// Deletes what a durable snapshot at `seq` makes redundant: older snapshots, leftover
-/// temporary files, and journal segments whose records all precede it.
+/// Deletes what a durable snapshot at `seq` makes redundant. The previous snapshot, and the
+/// journal after it, are kept: if the newest snapshot is ever unreadable, recovery falls back
+/// to the one before it and replays the journal from there.
 pub fn prune(dir: &Path, seq: u64) -> io::Result<()> {
-    for (s, path) in list_snapshots(dir)? {
-        if s < seq {
+    let snapshots = list_snapshots(dir)?;
+    let keep_from = snapshots
+        .iter()
+        .map(|(s, _)| *s)
+        .filter(|s| *s < seq)
+        .max()
+        .unwrap_or(0);
+    for (s, path) in &snapshots {
+        if *s < keep_from {
             fs::remove_file(path)?;
         }
     }
@@ -66,7 +74,7 @@ pub fn prune(dir: &Path, seq: u64) -> io::Result<()> {
     for pair in segments.windows(2) {
         let (_, path) = &pair[0];
         let (next_first, _) = pair[1];
-        if next_first <= seq + 1 {
+        if keep_from > 0 && next_first <= keep_from + 1 {
             fs::remove_file(path)?;
         }
     }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Performance smoke for CI: builds the release binary with allocation counting, starts it on
+# loopback (strict durability, temporary data directory, a free port, a random admin key),
+# runs a short `cycles bench run --quick`, then gates with `cycles bench check`:
+#   - any error or ledger mismatch fails (the run itself fails on those too);
+#   - heap allocations per reserve / commit above the budget fail (allocation counts are
+#     deterministic, so these budgets are tight: measured + a small margin);
+#   - latency above catastrophe ceilings fails (generous: a shared CI machine is noisy;
+#     these catch a disaster, they are not targets — BENCHMARKS.md has the real numbers).
+# Each optimisation that lowers a measured figure tightens its budget here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Budgets (BENCHMARKS.md, "Budgets in CI", says where they come from).
+MAX_ALLOCATIONS_PER_RESERVE="${CYCLES_BENCH_MAX_ALLOCATIONS_PER_RESERVE:-__RESERVE__}"
+MAX_ALLOCATIONS_PER_COMMIT="${CYCLES_BENCH_MAX_ALLOCATIONS_PER_COMMIT:-__COMMIT__}"
+MAX_P50_MS="${CYCLES_BENCH_MAX_P50_MS:-50}"
+MAX_P99_MS="${CYCLES_BENCH_MAX_P99_MS:-1000}"
+
+target_dir="${CARGO_TARGET_DIR:-target}"
+echo "== bench smoke: release build with --features alloc-count"
+cargo build --release -p cycles --features alloc-count
+bin="$target_dir/release/cycles"
+out_dir="$target_dir/bench-smoke"
+mkdir -p "$out_dir"
+
+work="$(mktemp -d)"
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+admin_key="cyc_admin_smoke_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+"$bin" serve --listen 127.0.0.1:0 --data-dir "$work/data" --durability strict \
+  --admin-api-key "$admin_key" --log warn >"$work/server.out" 2>"$work/server.err" &
+server_pid=$!
+
+url=""
+for _ in $(seq 1 100); do
+  url="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$work/server.out" 2>/dev/null | head -n1 || true)"
+  [ -n "$url" ] && break
+  kill -0 "$server_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$url" ]; then
+  echo "bench smoke: the server did not start" >&2
+  cat "$work/server.out" "$work/server.err" >&2 || true
+  exit 1
+fi
+echo "== bench smoke: server $url (pid $server_pid, strict durability)"
+
+"$bin" bench run --url "$url" --admin-key "$admin_key" --data-dir "$work/data" \
+  --server-pid "$server_pid" --quick --warmup 20 --iterations 100 \
+  --out "$out_dir/report.json"
+
+echo "== bench smoke: budgets"
+"$bin" bench check "$out_dir/report.json" \
+  --max-allocations-per-reserve "$MAX_ALLOCATIONS_PER_RESERVE" \
+  --max-allocations-per-commit "$MAX_ALLOCATIONS_PER_COMMIT" \
+  --max-p50-ms "$MAX_P50_MS" --max-p99-ms "$MAX_P99_MS"

@@ -1,0 +1,254 @@
+//! `cycles bench compare` (a delta table; gating metrics fail beyond a threshold) and
+//! `cycles bench check` (absolute budgets for CI: errors, mismatches, allocations, latency
+//! ceilings).
+
+use std::fmt::Write;
+
+use crate::report::{Class, Report};
+use crate::text::ms;
+
+/// How a metric is judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Lower is better and a regression fails the comparison (p50s).
+    Latency,
+    /// Higher is better and a regression fails (ops/s of the concurrent cells).
+    Throughput,
+    /// Lower is better, reported only (p99s: noisy, as the reference learned; floors;
+    /// allocations).
+    Info,
+}
+
+/// Every compared metric of a report: `(name, value, kind)`.
+pub fn metrics(r: &Report) -> Vec<(String, f64, Kind)> {
+    let mut out = Vec::new();
+    for c in &r.floors {
+        out.push((
+            format!("{} p50 ms", c.meta.name),
+            c.p50_ms.median,
+            Kind::Info,
+        ));
+    }
+    for c in &r.cases {
+        let name = &c.meta.name;
+        out.push((format!("{name} p50 ms"), c.p50_ms.median, Kind::Latency));
+        out.push((format!("{name} p99 ms"), c.p99_ms.median, Kind::Info));
+        if matches!(c.meta.class, Class::Concurrent | Class::Fanout) {
+            out.push((
+                format!("{name} ops/s"),
+                c.ops_per_sec.median,
+                Kind::Throughput,
+            ));
+        }
+        if let Some(a) = c.allocations_per_op {
+            out.push((format!("{name} allocations/op"), a.median, Kind::Info));
+        }
+    }
+    out
+}
+
+/// Positive = worse: `(new − old)/old` for lower-is-better, `(old − new)/old` for
+/// throughput. A zero or missing baseline gives 0.
+pub fn change(old: f64, new: f64, kind: Kind) -> f64 {
+    if !old.is_finite() || !new.is_finite() || old == 0.0 {
+        return 0.0;
+    }
+    match kind {
+        Kind::Throughput => (old - new) / old,
+        Kind::Latency | Kind::Info => (new - old) / old,
+    }
+}
+
+/// The delta table and the gating metrics that regressed beyond `threshold`.
+pub fn compare(old: &Report, new: &Report, threshold: f64) -> (String, Vec<String>) {
+    let before = metrics(old);
+    let after = metrics(new);
+    let mut out = String::new();
+    let mut breaches = Vec::new();
+    let _ = writeln!(
+        out,
+        "Baseline {} ({}) vs current {} ({}), threshold {:.0}%\n",
+        old.environment.commit,
+        old.target.durability,
+        new.environment.commit,
+        new.target.durability,
+        threshold * 100.0
+    );
+    let _ = writeln!(out, "| Metric | Baseline | Current | Change | Status |");
+    let _ = writeln!(out, "|---|---:|---:|---:|---|");
+    for (name, value, kind) in &after {
+        let Some((_, base, _)) = before.iter().find(|(n, _, _)| n == name) else {
+            let _ = writeln!(out, "| {name} | — | {} | — | new |", ms(*value));
+            continue;
+        };
+        let delta = change(*base, *value, *kind);
+        let status = match kind {
+            Kind::Info if delta > threshold => "worse (non-gating)",
+            Kind::Info => "ok (non-gating)",
+            _ if delta > threshold => {
+                breaches.push(format!("{name}: {:+.1}%", delta * 100.0));
+                "REGRESSION"
+            }
+            _ if delta < -threshold => "improved",
+            _ => "ok",
+        };
+        let signed = match kind {
+            Kind::Throughput => -delta,
+            _ => delta,
+        };
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {:+.1}% | {status} |",
+            ms(*base),
+            ms(*value),
+            signed * 100.0
+        );
+    }
+    for (name, _, _) in before
+        .iter()
+        .filter(|(n, _, _)| !after.iter().any(|(m, _, _)| m == n))
+    {
+        let _ = writeln!(out, "| {name} | | — | — | missing |");
+    }
+    (out, breaches)
+}
+
+/// Absolute budgets for CI.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Budgets {
+    pub max_allocations_per_reserve: Option<f64>,
+    pub max_allocations_per_commit: Option<f64>,
+    /// Ceiling for every case's p50 (a catastrophe ceiling, not a target).
+    pub max_p50_ms: Option<f64>,
+    /// Ceiling for every case's p99.
+    pub max_p99_ms: Option<f64>,
+}
+
+/// Every budget `r` breaks; errors and ledger mismatches always do.
+pub fn check(r: &Report, b: &Budgets) -> Vec<String> {
+    let mut failures = Vec::new();
+    for c in r.cases.iter().chain(&r.floors) {
+        let name = &c.meta.name;
+        if c.errors > 0 {
+            let why = c.first_error.as_deref().unwrap_or("");
+            failures.push(format!("{name}: {} errors ({why})", c.errors));
+        }
+        if c.ledger_mismatches > 0 {
+            failures.push(format!("{name}: {} ledger mismatches", c.ledger_mismatches));
+        }
+        if c.meta.class == Class::Floor {
+            continue;
+        }
+        let ceilings = [
+            ("p50", c.p50_ms.median, b.max_p50_ms),
+            ("p99", c.p99_ms.median, b.max_p99_ms),
+        ];
+        for (what, value, ceiling) in ceilings {
+            match ceiling {
+                Some(max) if value.is_nan() || value > max => failures.push(format!(
+                    "{name}: {what} {} ms over the {max} ms ceiling",
+                    ms(value)
+                )),
+                _ => {}
+            }
+        }
+    }
+    let allocations = [
+        (
+            "reserve",
+            &r.resources.allocations_per_reserve,
+            b.max_allocations_per_reserve,
+        ),
+        (
+            "commit",
+            &r.resources.allocations_per_commit,
+            b.max_allocations_per_commit,
+        ),
+    ];
+    for (op, measured, budget) in allocations {
+        match (measured, budget) {
+            (_, None) => {}
+            (None, Some(_)) => failures.push(format!(
+                "allocations per {op}: not measured (build the server with --features alloc-count)"
+            )),
+            (Some(m), Some(max)) if m.max > max => failures.push(format!(
+                "allocations per {op}: {:.1} over the budget of {max}",
+                m.max
+            )),
+            _ => {}
+        }
+    }
+    failures
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::report;
+
+    #[test]
+    fn change_is_positive_when_worse() {
+        assert!((change(1.0, 1.3, Kind::Latency) - 0.3).abs() < 1e-9);
+        assert!((change(100.0, 70.0, Kind::Throughput) - 0.3).abs() < 1e-9);
+        assert!(change(100.0, 130.0, Kind::Throughput) < 0.0);
+        assert_eq!(change(0.0, 5.0, Kind::Latency), 0.0);
+        assert_eq!(change(f64::NAN, 5.0, Kind::Latency), 0.0);
+    }
+
+    #[test]
+    fn identical_reports_pass() {
+        let r = report("strict", 1.0);
+        let (table, breaches) = compare(&r, &r, 0.25);
+        assert!(breaches.is_empty(), "{breaches:?}");
+        assert!(table.contains("| Reserve p50 ms |"));
+    }
+
+    #[test]
+    fn gating_metrics_fail_beyond_the_threshold() {
+        let old = report("strict", 1.0);
+        let slower = report("strict", 1.4);
+        let (table, breaches) = compare(&old, &slower, 0.25);
+        // p50s of every case and the throughput of the concurrent cells gate; p99s do not.
+        assert!(
+            breaches.iter().any(|b| b.starts_with("Reserve p50 ms")),
+            "{breaches:?}"
+        );
+        assert!(breaches
+            .iter()
+            .any(|b| b.starts_with("Lifecycles 32 clients ops/s")));
+        assert!(!breaches.iter().any(|b| b.contains("p99")));
+        assert!(table.contains("worse (non-gating)"));
+        let (_, within) = compare(&old, &slower, 0.45);
+        assert!(within.is_empty(), "{within:?}");
+        let (table, improved) = compare(&slower, &old, 0.1);
+        assert!(improved.is_empty());
+        assert!(table.contains("improved"));
+    }
+
+    #[test]
+    fn budgets() {
+        let mut r = report("strict", 1.0);
+        // The fixture has one ledger mismatch and one error-free run.
+        let failures = check(&r, &Budgets::default());
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        r.cases.iter_mut().for_each(|c| c.ledger_mismatches = 0);
+        assert!(check(&r, &Budgets::default()).is_empty());
+        let tight = Budgets {
+            max_allocations_per_reserve: Some(99.0),
+            max_allocations_per_commit: Some(10.0),
+            max_p50_ms: Some(5.0),
+            max_p99_ms: Some(1000.0),
+        };
+        let failures = check(&r, &tight);
+        assert_eq!(failures.len(), 3, "{failures:?}");
+        assert!(failures
+            .iter()
+            .any(|f| f.contains("reserve: 100.0 over the budget of 99")));
+        assert!(failures.iter().any(|f| f.contains("commit: not measured")));
+        assert!(failures
+            .iter()
+            .any(|f| f.starts_with("Fan-out shared 200: p50")));
+        r.cases[0].errors = 2;
+        assert!(check(&r, &Budgets::default())[0].starts_with("Reserve: 2 errors"));
+    }
+}

@@ -1,0 +1,721 @@
+//! The suite: provisioning through the admin API, then per trial the floors, the write and
+//! read paths, the lifecycle cells and the fan-out cells; the 100k/1M list cells after all
+//! trials (their fixtures are built once, timed apart).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::sync::Semaphore;
+
+use crate::api::{Admin, Runtime, Tenant, ESTIMATE, FIXTURE_TTL_MS};
+use crate::envinfo::Environment;
+use crate::floors;
+use crate::http::{Conn, Target};
+use crate::measure::{self, LoadOp, Timed};
+use crate::progress::{Phase, Progress};
+use crate::report::{
+    CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo, FSYNC_FLOOR,
+    HTTP_FLOOR, REDIS_FLOOR, SCHEMA,
+};
+use crate::server::{self, Counters};
+use crate::stats::Sample;
+use crate::text;
+
+/// Budgets are large enough never to run dry during a run.
+const ALLOCATED: i64 = 1_000_000_000_000_000;
+/// The reference's fan-out budgets: 10^12 each.
+const FANOUT_ALLOCATED: i64 = 1_000_000_000_000;
+const SORTED_QUERY: &str = "limit=20&sort_by=created_at_ms&sort_dir=desc";
+/// List populations above this are built after the trials (see the module comment).
+const LARGE_ROWS: u64 = 10_000;
+
+/// The resolved settings of one run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub url: String,
+    pub admin_key: String,
+    pub data_dir: Option<PathBuf>,
+    pub redis_url: Option<String>,
+    pub server_pid: Option<u32>,
+    pub durability: Option<String>,
+    pub method: Method,
+}
+
+pub struct Suite {
+    cfg: Config,
+    target: Target,
+    admin: Admin,
+    progress: Progress,
+    run_id: String,
+    floors: Collector,
+    cases: Collector,
+    overhead: Counters,
+    durability: Option<String>,
+    engine: String,
+    fixtures: Vec<Fixture>,
+    lists: Vec<(u64, Tenant)>,
+    notes: Vec<String>,
+}
+
+fn rows_label(rows: u64) -> String {
+    match rows {
+        r if r >= 1_000_000 && r % 1_000_000 == 0 => format!("{}M", r / 1_000_000),
+        r if r >= 1_000 && r % 1_000 == 0 => format!("{}k", r / 1_000),
+        r => r.to_string(),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Shared,
+    Isolated,
+}
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Shared => "shared",
+            Shape::Isolated => "isolated",
+        }
+    }
+}
+
+impl Suite {
+    pub async fn new(cfg: Config) -> anyhow::Result<Suite> {
+        let target = Target::resolve(&cfg.url).await?;
+        let admin = Admin::new(&target, &cfg.admin_key);
+        let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+        Ok(Suite {
+            durability: cfg.durability.clone(),
+            cfg,
+            target,
+            admin,
+            progress: Progress::new(),
+            run_id,
+            floors: Collector::default(),
+            cases: Collector::default(),
+            overhead: Counters::default(),
+            engine: "unknown".into(),
+            fixtures: Vec::new(),
+            lists: Vec::new(),
+            notes: Vec::new(),
+        })
+    }
+
+    pub async fn run(mut self) -> anyhow::Result<Report> {
+        let trials = self.cfg.method.trials;
+        let metrics = self.admin.metrics().await?;
+        if metrics
+            .as_deref()
+            .and_then(|t| server::metric(t, server::COMMANDS))
+            .is_some()
+        {
+            self.engine = "embedded".into();
+        }
+        if metrics.is_none() {
+            self.notes.push("the server exposes no /metrics to the admin key: allocations, journal counters and (remote) peak RSS are n/a".into());
+        }
+        let load_start = crate::envinfo::load_average();
+        let counters_start = metrics;
+        for trial in 1..=trials {
+            self.progress.note(&format!("trial {trial}/{trials}"));
+            self.floors(trial).await?;
+            self.calibrate().await;
+            if self.runs("write") {
+                self.write_path(trial).await?;
+            }
+            if self.runs("read") {
+                self.read_path(trial).await?;
+            }
+            if self.runs("lifecycles") {
+                self.lifecycles(trial).await?;
+            }
+            if self.runs("fanout") {
+                self.fanout(trial).await?;
+            }
+        }
+        let (peak_rss_bytes, peak_rss_source) = self.peak_rss().await;
+        let large: Vec<u64> = self.large_rows();
+        if !large.is_empty() {
+            for &rows in &large {
+                self.list_population(rows).await?;
+            }
+            for trial in 1..=trials {
+                self.progress
+                    .note(&format!("large list cells, trial {trial}/{trials}"));
+                for &rows in &large {
+                    self.sorted_list(rows).await?;
+                }
+            }
+        }
+        let after_large = if large.is_empty() {
+            None
+        } else {
+            self.peak_rss().await.0
+        };
+        let counters_end = self.admin.metrics().await.ok().flatten();
+        let server_counters =
+            server::run_deltas(counters_start.as_deref(), counters_end.as_deref());
+        let durability = self.durability.clone().unwrap_or_else(|| "unknown".into());
+        let mut report = Report {
+            schema: SCHEMA,
+            generated_at_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            target: TargetInfo {
+                url: self.target.url.clone(),
+                engine: self.engine.clone(),
+                durability,
+                server_pid: self.cfg.server_pid,
+            },
+            environment: Environment {
+                load_average_start: load_start,
+                ..Environment::detect()
+            },
+            method: self.cfg.method.clone(),
+            floors: self.floors.finish(),
+            cases: self.cases.finish(),
+            fixtures: self.fixtures,
+            resources: Resources {
+                peak_rss_bytes,
+                peak_rss_source,
+                peak_rss_after_large_fixtures_bytes: after_large,
+                server_counters,
+                ..Resources::default()
+            },
+            targets: Vec::new(),
+            notes: self.notes,
+        };
+        report.finalize();
+        Ok(report)
+    }
+
+    fn runs(&self, phase: &str) -> bool {
+        self.cfg.method.phases.iter().any(|p| p == phase)
+    }
+
+    fn large_rows(&self) -> Vec<u64> {
+        if !self.runs("large-lists") {
+            return Vec::new();
+        }
+        let rows = &self.cfg.method.list_rows;
+        rows.iter().copied().filter(|r| *r > LARGE_ROWS).collect()
+    }
+
+    async fn counters(&mut self) -> Counters {
+        Counters::parse(self.admin.metrics().await.ok().flatten().as_deref())
+    }
+
+    /// What reading the counters costs by itself (two reads back to back; the cheapest of
+    /// three pairs), subtracted from every per-operation figure.
+    async fn calibrate(&mut self) {
+        let mut best: Option<Counters> = None;
+        for _ in 0..3 {
+            let a = self.counters().await;
+            let b = self.counters().await;
+            let zero = Counters::default();
+            let d = b.per_op(&a, &zero, 1);
+            if best.is_none_or(|x| d.allocations < x.allocations) {
+                best = Some(d);
+            }
+        }
+        self.overhead = best.unwrap_or_default();
+    }
+
+    async fn tenant(&mut self, what: &str) -> anyhow::Result<Tenant> {
+        let id = format!("bench-{}-{what}", self.run_id);
+        self.admin.tenant(&id).await
+    }
+
+    /// A tenant with one budget at its root.
+    async fn funded_tenant(&mut self, what: &str, allocated: i64) -> anyhow::Result<Tenant> {
+        let t = self.tenant(what).await?;
+        self.admin
+            .budget(&t.id, &format!("tenant:{}", t.id), allocated)
+            .await?;
+        Ok(t)
+    }
+
+    async fn client(&self, tenant: &Tenant, agent: Option<&str>) -> anyhow::Result<Runtime> {
+        let mut rt = Runtime::new(&self.target, tenant, agent);
+        rt.connect().await?;
+        Ok(rt)
+    }
+
+    fn record(&mut self, meta: CaseMeta, sample: Sample, error: Option<String>) {
+        self.cases.add(meta, sample, error);
+    }
+
+    // ---- floors ----
+
+    async fn floors(&mut self, _trial: usize) -> anyhow::Result<()> {
+        let (w, n) = (self.cfg.method.warmup, self.cfg.method.iterations);
+        let mut conn = Conn::new(&self.target, None);
+        conn.connect().await?;
+        let mut op = async |_| floors::health(&mut conn).await;
+        let timed = self.timed(HTTP_FLOOR, &mut op).await;
+        let sample = Sample::from_timings(&timed.0.timings, timed.0.errors);
+        self.floor_line(
+            CaseMeta::new(HTTP_FLOOR, Class::Floor, 1, 0),
+            sample,
+            timed.0.first_error,
+        );
+        if let Some(dir) = self.cfg.data_dir.clone() {
+            let timings = tokio::task::spawn_blocking(move || floors::fdatasync(&dir, w, n))
+                .await
+                .context("fdatasync probe")??;
+            let sample = Sample::from_timings(&timings, 0);
+            self.floor_line(CaseMeta::new(FSYNC_FLOOR, Class::Floor, 0, 1), sample, None);
+        } else if _trial == 1 {
+            self.notes
+                .push("fdatasync floor: n/a (no --data-dir)".into());
+        }
+        if let Some(url) = self.cfg.redis_url.clone() {
+            let mut redis = floors::Redis::connect(&url).await?;
+            let mut op = async |_| redis.ping().await;
+            let timed = self.timed(REDIS_FLOOR, &mut op).await;
+            let sample = Sample::from_timings(&timed.0.timings, timed.0.errors);
+            self.floor_line(
+                CaseMeta::new(REDIS_FLOOR, Class::Floor, 0, 0),
+                sample,
+                timed.0.first_error,
+            );
+        }
+        Ok(())
+    }
+
+    fn floor_line(&mut self, meta: CaseMeta, sample: Sample, error: Option<String>) {
+        self.progress
+            .line(&text::benchmark_line(&meta.name, &sample));
+        self.floors.add(meta, sample, error);
+    }
+
+    // ---- sequential cases ----
+
+    /// Warm-up then measured iterations of `op`; the server's counters are read around the
+    /// measured block. Returns the measured loop (with the warm-up's errors) and the
+    /// counters per measured operation.
+    async fn timed(
+        &mut self,
+        name: &str,
+        op: &mut impl AsyncFnMut(usize) -> anyhow::Result<()>,
+    ) -> (Timed, Counters) {
+        let (w, n) = (self.cfg.method.warmup, self.cfg.method.iterations);
+        let phase = self.progress.phase(name, (w + n) as u64);
+        let warm = measure::sequential(0..w, &phase, op).await;
+        let before = self.counters().await;
+        let mut timed = measure::sequential(w..w + n, &phase, op).await;
+        let after = self.counters().await;
+        phase.finish();
+        timed.absorb_errors(warm);
+        let per_op = after.per_op(&before, &self.overhead, n);
+        (timed, per_op)
+    }
+
+    async fn case(
+        &mut self,
+        meta: CaseMeta,
+        op: &mut impl AsyncFnMut(usize) -> anyhow::Result<()>,
+    ) {
+        let (timed, per_op) = self.timed(&meta.name, op).await;
+        let mut sample = Sample::from_timings(&timed.timings, timed.errors);
+        sample.allocations_per_op = per_op.allocations;
+        sample.syncs_per_op = per_op.syncs;
+        sample.batches_per_op = per_op.batches;
+        if meta.name == "Reserve" && self.durability.is_none() {
+            self.durability = per_op
+                .syncs
+                .map(|s| if s >= 0.5 { "strict" } else { "none" }.to_string());
+        }
+        self.progress
+            .line(&text::benchmark_line(&meta.name, &sample));
+        self.record(meta, sample, timed.first_error);
+    }
+
+    /// `count` reservations made ahead of a case, outside its timing.
+    async fn reservations(&self, rt: &mut Runtime, count: usize) -> anyhow::Result<Vec<String>> {
+        let mut ids = Vec::with_capacity(count);
+        for _ in 0..count {
+            ids.push(
+                rt.reserve()
+                    .await
+                    .context("creating reservations for a case")?,
+            );
+        }
+        Ok(ids)
+    }
+
+    async fn write_path(&mut self, trial: usize) -> anyhow::Result<()> {
+        let tenant = self
+            .funded_tenant(&format!("t{trial}-write"), ALLOCATED)
+            .await?;
+        let mut rt = self.client(&tenant, None).await?;
+        let total = self.cfg.method.warmup + self.cfg.method.iterations;
+        let w = |name: &str, calls| CaseMeta::new(name, Class::Write, calls, calls);
+
+        self.case(w("Reserve", 1), &mut async |_| rt.reserve().await.map(drop))
+            .await;
+        let ids = self.reservations(&mut rt, total).await?;
+        self.case(w("Commit", 1), &mut async |i| rt.commit(&ids[i]).await)
+            .await;
+        let ids = self.reservations(&mut rt, total).await?;
+        self.case(w("Release", 1), &mut async |i| rt.release(&ids[i]).await)
+            .await;
+        let ids = self.reservations(&mut rt, total).await?;
+        self.case(w("Extend", 1), &mut async |i| rt.extend(&ids[i]).await)
+            .await;
+        self.case(w("Decide", 1), &mut async |_| rt.decide().await)
+            .await;
+        self.case(w("Event", 1), &mut async |_| rt.event().await)
+            .await;
+        self.case(w("Reserve→Commit", 2), &mut async |_| {
+            let id = rt.reserve().await?;
+            rt.commit(&id).await
+        })
+        .await;
+        self.case(w("Reserve→Release", 2), &mut async |_| {
+            let id = rt.reserve().await?;
+            rt.release(&id).await
+        })
+        .await;
+        Ok(())
+    }
+
+    async fn read_path(&mut self, trial: usize) -> anyhow::Result<()> {
+        let tenant = self
+            .funded_tenant(&format!("t{trial}-read"), ALLOCATED)
+            .await?;
+        let mut rt = self.client(&tenant, None).await?;
+        let ids = self.reservations(&mut rt, 10).await?;
+        let r = |name: &str| CaseMeta::new(name, Class::Read, 1, 0);
+        self.case(r("GET reservation"), &mut async |_| {
+            rt.get_reservation(&ids[0]).await
+        })
+        .await;
+        self.case(r("GET balances"), &mut async |_| rt.balances().await)
+            .await;
+        self.case(r("LIST reservations"), &mut async |_| {
+            rt.list("limit=10", Some(10)).await
+        })
+        .await;
+        // The reference's second Decide cell ("Decide (pipelined)"): the same request,
+        // measured in the read class. Decide records its idempotency key, so it is a write.
+        let decide = CaseMeta::new("Decide (read class)", Class::Read, 1, 1);
+        self.case(decide, &mut async |_| rt.decide().await).await;
+        let small: Vec<u64> = self
+            .cfg
+            .method
+            .list_rows
+            .iter()
+            .copied()
+            .filter(|r| *r <= LARGE_ROWS)
+            .collect();
+        for rows in small {
+            if trial == 1 {
+                self.list_population(rows).await?;
+            }
+            self.sorted_list(rows).await?;
+        }
+        Ok(())
+    }
+
+    // ---- sorted lists ----
+
+    /// A tenant holding `rows` ACTIVE reservations, created through the API by concurrent
+    /// clients (the user's path), timed as a fixture.
+    async fn list_population(&mut self, rows: u64) -> anyhow::Result<()> {
+        let label = rows_label(rows);
+        let tenant = self
+            .funded_tenant(&format!("list-{}", label.to_lowercase()), ALLOCATED)
+            .await?;
+        let clients = self.cfg.method.fixture_clients.max(1);
+        let phase = self.progress.phase(&format!("fixture {label} rows"), rows);
+        let started = Instant::now();
+        let next = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let mut rt = self.client(&tenant, None).await?;
+            let (next, errors, phase) = (next.clone(), errors.clone(), phase.clone());
+            tasks.push(tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < rows {
+                    loop {
+                        match rt.reserve_for(FIXTURE_TTL_MS).await {
+                            Ok(_) => break,
+                            Err(e) if errors.fetch_add(1, Ordering::Relaxed) >= 100 => {
+                                return Err(e.context("building a list fixture"))
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    phase.inc(1);
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+        let seconds = phase.finish().as_secs_f64();
+        let built = started.elapsed().as_secs_f64().max(seconds);
+        let fixture = Fixture {
+            rows,
+            clients,
+            seconds: built,
+            rows_per_sec: rows as f64 / built,
+            errors: errors.load(Ordering::Relaxed),
+        };
+        self.progress.note(&format!(
+            "fixture of {rows} rows built in {built:.1} s ({:.0} rows/s)",
+            fixture.rows_per_sec
+        ));
+        self.fixtures.push(fixture);
+        self.lists.push((rows, tenant));
+        // A large build may have started a snapshot; measure the idle server, not that.
+        server::settle(self.cfg.server_pid, Duration::from_secs(120)).await;
+        Ok(())
+    }
+
+    async fn sorted_list(&mut self, rows: u64) -> anyhow::Result<()> {
+        let tenant = self
+            .lists
+            .iter()
+            .find(|(r, _)| *r == rows)
+            .map(|(_, t)| t.clone())
+            .context("the list fixture exists (invariant)")?;
+        let mut rt = self.client(&tenant, None).await?;
+        let meta = CaseMeta::new(
+            format!("LIST sorted @{}", rows_label(rows)),
+            Class::Read,
+            1,
+            0,
+        )
+        .rows(rows);
+        self.case(meta, &mut async |_| rt.list(SORTED_QUERY, Some(20)).await)
+            .await;
+        Ok(())
+    }
+
+    // ---- concurrent cells ----
+
+    fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.cfg.method.window_secs)
+    }
+
+    async fn clients(
+        &self,
+        tenant: &Tenant,
+        agents: Option<usize>,
+        n: usize,
+    ) -> anyhow::Result<Vec<Runtime>> {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let agent = agents.map(|_| format!("fanout-{i}"));
+            out.push(self.client(tenant, agent.as_deref()).await?);
+        }
+        Ok(out)
+    }
+
+    /// Runs a load while a phase bar shows the elapsed window.
+    async fn load(&self, name: &str, clients: Vec<Runtime>, op: LoadOp) -> measure::Load {
+        let window = self.window();
+        let phase = self.progress.phase(name, (window.as_millis() / 100) as u64);
+        let ticker = tick(phase.clone());
+        let load = measure::concurrent(clients, op, window).await;
+        ticker.abort();
+        phase.finish();
+        load
+    }
+
+    async fn lifecycles(&mut self, trial: usize) -> anyhow::Result<()> {
+        let tenant = self
+            .funded_tenant(&format!("t{trial}-lifecycles"), ALLOCATED)
+            .await?;
+        for n in self.cfg.method.concurrency_clients.clone() {
+            let name = format!("Lifecycles {n} clients");
+            let mut rt = self.client(&tenant, None).await?;
+            let mut warm = Timed::default();
+            for _ in 0..self.cfg.method.warmup {
+                if let Err(e) = LoadOp::Lifecycle.once(&mut rt).await {
+                    warm = Timed {
+                        errors: warm.errors + 1,
+                        first_error: warm.first_error.or(Some(format!("{e:#}"))),
+                        ..warm
+                    };
+                }
+            }
+            let clients = self.clients(&tenant, None, n).await?;
+            let load = self.load(&name, clients, LoadOp::Lifecycle).await;
+            let sample =
+                Sample::from_histogram(&load.histogram, self.window(), load.errors + warm.errors);
+            self.progress.line(&text::concurrent_line(
+                n,
+                self.cfg.method.window_secs,
+                &sample,
+            ));
+            let meta = CaseMeta::new(name, Class::Concurrent, 2, 2).clients(n);
+            self.record(meta, sample, load.first_error.or(warm.first_error));
+        }
+        Ok(())
+    }
+
+    async fn fanout(&mut self, trial: usize) -> anyhow::Result<()> {
+        for shape in [Shape::Shared, Shape::Isolated] {
+            for n in self.cfg.method.fanout_clients.clone() {
+                self.fanout_cell(trial, shape, n).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reserve-only at `n` clients on one shared budget or one budget per client, then the
+    /// ledger reconciliation: each budget's `reserved` grew by exactly successes × 100.
+    async fn fanout_cell(&mut self, trial: usize, shape: Shape, n: usize) -> anyhow::Result<()> {
+        let name = format!("Fan-out {} {n}", shape.name());
+        let tenant = self
+            .tenant(&format!("t{trial}-{}-{n}", shape.name()))
+            .await?;
+        let scopes: Vec<String> = match shape {
+            Shape::Shared => vec![format!("tenant:{}", tenant.id)],
+            Shape::Isolated => (0..n)
+                .map(|i| format!("tenant:{}/agent:fanout-{i}", tenant.id))
+                .collect(),
+        };
+        for scope in &scopes {
+            self.admin
+                .budget(&tenant.id, scope, FANOUT_ALLOCATED)
+                .await?;
+        }
+        let agents = (shape == Shape::Isolated).then_some(n);
+        let clients = self.clients(&tenant, agents, n).await?;
+        let (clients, warm) = warm_up(clients, self.cfg.method.warmup.max(n), n.min(50)).await;
+        let mut before = Vec::with_capacity(scopes.len());
+        for scope in &scopes {
+            before.push(self.admin.reserved(scope).await?);
+        }
+        let load = self.load(&name, clients, LoadOp::Reserve).await;
+        let expected: Vec<i64> = match shape {
+            Shape::Shared => vec![load.per_client.iter().sum::<u64>() as i64 * ESTIMATE],
+            Shape::Isolated => load
+                .per_client
+                .iter()
+                .map(|s| *s as i64 * ESTIMATE)
+                .collect(),
+        };
+        let mut mismatches = 0;
+        for ((scope, before), expected) in scopes.iter().zip(&before).zip(&expected) {
+            let delta = self.admin.reserved(scope).await? - before;
+            if delta != *expected {
+                mismatches += 1;
+                self.notes.push(format!("{name} (trial {trial}): {scope} reserved grew by {delta}, successes × {ESTIMATE} = {expected}"));
+            }
+        }
+        let mut sample =
+            Sample::from_histogram(&load.histogram, self.window(), load.errors + warm.errors);
+        sample.ledger_mismatches = mismatches;
+        self.progress.line(&text::fanout_line(
+            shape.name(),
+            n,
+            self.cfg.method.window_secs,
+            &sample,
+        ));
+        let meta = CaseMeta::new(name, Class::Fanout, 1, 1).clients(n);
+        self.record(meta, sample, load.first_error.or(warm.first_error));
+        Ok(())
+    }
+
+    async fn peak_rss(&mut self) -> (Option<u64>, String) {
+        if let Some(pid) = self.cfg.server_pid {
+            if let Some(v) = server::peak_rss(pid) {
+                return (Some(v), format!("/proc/{pid}/status VmHWM"));
+            }
+        }
+        let text = self.admin.metrics().await.ok().flatten();
+        match text
+            .as_deref()
+            .and_then(|t| server::metric(t, server::PEAK_RSS))
+        {
+            Some(v) => (Some(v as u64), format!("/metrics {}", server::PEAK_RSS)),
+            None => (None, "n/a".into()),
+        }
+    }
+}
+
+/// Advances a phase bar every 100 ms until aborted.
+fn tick(phase: Phase) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            phase.inc(1);
+        }
+    })
+}
+
+/// The fan-out warm-up: `total` reserves round-robin over the clients, at most `parallel`
+/// at a time. Returns the clients and the warm-up's failures.
+async fn warm_up(clients: Vec<Runtime>, total: usize, parallel: usize) -> (Vec<Runtime>, Timed) {
+    let n = clients.len().max(1);
+    let gate = Arc::new(Semaphore::new(parallel.max(1)));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut rt)| {
+            let gate = gate.clone();
+            let share = total / n + usize::from(i < total % n);
+            tokio::spawn(async move {
+                let mut failed = Timed::default();
+                for _ in 0..share {
+                    let _permit = gate.acquire().await;
+                    if let Err(e) = rt.reserve().await {
+                        failed.errors += 1;
+                        failed.first_error.get_or_insert(format!("{e:#}"));
+                    }
+                }
+                (rt, failed)
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    let mut failed = Timed::default();
+    for task in tasks {
+        match task.await {
+            Ok((rt, f)) => {
+                out.push(rt);
+                failed.absorb_errors(f);
+            }
+            Err(e) => {
+                failed.errors += 1;
+                failed
+                    .first_error
+                    .get_or_insert(format!("warm-up task: {e}"));
+            }
+        }
+    }
+    (out, failed)
+}
+
+/// Fails a run that cannot be trusted.
+pub fn verdict(report: &Report) -> anyhow::Result<()> {
+    let (errors, mismatches) = (report.errors(), report.ledger_mismatches());
+    if errors > 0 || mismatches > 0 {
+        bail!("the run had {errors} errors and {mismatches} ledger mismatches (see the report)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_label;
+
+    #[test]
+    fn row_labels() {
+        assert_eq!(rows_label(1_000), "1k");
+        assert_eq!(rows_label(10_000), "10k");
+        assert_eq!(rows_label(100_000), "100k");
+        assert_eq!(rows_label(1_000_000), "1M");
+        assert_eq!(rows_label(1_500), "1500");
+    }
+}

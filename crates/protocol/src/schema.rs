@@ -1,0 +1,83 @@
+//! OpenAPI schemas for wire values that are not Rust types of their own: the string enums
+//! the response types carry as `&'static str` (their values come from the domain enums'
+//! `as_str`, so the document cannot drift from what is emitted), the string enums requests
+//! carry as `String` (validated against the same domain enums), and `SignedAmount`.
+//!
+//! These types exist for documentation only: nothing is ever built from them.
+
+use ledger::{
+    ApiKeyStatus as DomainApiKeyStatus, BudgetStatus as DomainBudgetStatus, Decision, ExpiryPolicy,
+    FundingOp, Permission as DomainPermission, PolicyStatus as DomainPolicyStatus,
+    ReservationStatus as DomainReservationStatus, RolloverPolicy as DomainRolloverPolicy, SortBy,
+    TenantStatus as DomainTenantStatus,
+};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
+
+use crate::WireUnit;
+
+fn string_enum(description: &str, values: &[&'static str]) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some(description))
+        .enum_values(Some(values.iter().copied()))
+        .into()
+}
+
+/// Declares a documentation-only string enum: `Name => "description", values`.
+macro_rules! string_enum {
+    ($($(#[$meta:meta])* $name:ident => $description:literal, $values:expr;)*) => {$(
+        $(#[$meta])*
+        #[doc = $description]
+        pub struct $name;
+
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                string_enum($description, &$values)
+            }
+        }
+
+        impl ToSchema for $name {}
+    )*};
+}
+
+string_enum! {
+    DecisionEnum => "The admission decision.",
+        [Decision::Allow, Decision::AllowWithCaps, Decision::Deny].map(Decision::as_str);
+    ReservationStatus => "A reservation's lifecycle state.",
+        DomainReservationStatus::ALL.map(DomainReservationStatus::as_str);
+    Permission => "A permission an API key can hold.",
+        DomainPermission::ALL.map(DomainPermission::as_str);
+    TenantStatus => "A tenant's lifecycle state.",
+        DomainTenantStatus::ALL.map(DomainTenantStatus::as_str);
+    ReservationExpiryPolicy => "What happens to a tenant's reservations that are never settled.",
+        ExpiryPolicy::ALL.map(ExpiryPolicy::as_str);
+    BudgetStatus => "A budget's state.",
+        [DomainBudgetStatus::Active, DomainBudgetStatus::Frozen, DomainBudgetStatus::Closed]
+            .map(DomainBudgetStatus::as_str);
+    RolloverPolicy => "How unused budget is treated at a period boundary (recorded and reported).",
+        DomainRolloverPolicy::ALL.map(DomainRolloverPolicy::as_str);
+    FundingOperation => "A funding operation.",
+        FundingOp::ALL.map(FundingOp::as_str);
+    ApiKeyStatus => "An API key's state (EXPIRED once `expires_at` has passed).",
+        [DomainApiKeyStatus::Active, DomainApiKeyStatus::Revoked, DomainApiKeyStatus::Expired]
+            .map(DomainApiKeyStatus::as_str);
+    ReservationSortBy => "The field reservations are listed by.",
+        SortBy::ALL.map(SortBy::as_str);
+    SortDirection => "The direction of a listing.", ["asc", "desc"];
+    PolicyStatus => "A policy's state: a DISABLED policy does not apply.",
+        [DomainPolicyStatus::Active, DomainPolicyStatus::Disabled].map(DomainPolicyStatus::as_str);
+    CommittedStatus => "Always COMMITTED.", ["COMMITTED"];
+    ReleasedStatus => "Always RELEASED.", ["RELEASED"];
+    ExtendedStatus => "Always ACTIVE: the reservation is still open.", ["ACTIVE"];
+    AppliedStatus => "Always APPLIED.", ["APPLIED"];
+}
+
+/// `SignedAmount`: an amount that can be negative (`remaining` under overdraft).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SignedAmount {
+    unit: WireUnit,
+    amount: i64,
+}

@@ -1,0 +1,104 @@
+//! Policies: the admin plane's caps, overage and TTL rules for scopes.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use ledger::{Command, Outcome, PolicyListQuery, PolicyStatus};
+use protocol::policy::{
+    PolicyCreateRequest, PolicyListResponse, PolicyResponse, PolicyUpdateRequest,
+};
+use protocol::{parse_body, ApiError, Plane, MAX_PAGE_SIZE};
+
+use crate::app::App;
+use crate::auth;
+use crate::ids;
+use crate::query::Query;
+use crate::reply::{tenant_json, unexpected, Answer};
+
+fn policy_answer(outcome: Outcome, status: StatusCode, tenant: Option<String>) -> Answer {
+    let Outcome::Policy(policy) = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    tenant_json(status, &PolicyResponse::from(policy), tenant)
+}
+
+pub async fn create_policy(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Answer {
+    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let request: PolicyCreateRequest = app
+        .validated(&actor, Plane::Admin, || parse_body(&bytes))
+        .await?;
+    let command = Command::CreatePolicy {
+        actor,
+        policy: request.into_new(ids::policy_id()),
+    };
+    let (outcome, tenant) = app.run(command, Plane::Admin).await?;
+    policy_answer(outcome, StatusCode::CREATED, tenant)
+}
+
+fn list_query(q: &Query) -> Result<PolicyListQuery, ApiError> {
+    Ok(PolicyListQuery {
+        tenant_id: q.get("tenant_id").map(str::to_string),
+        scope_pattern: q.get("scope_pattern").map(str::to_string),
+        status: q
+            .get("status")
+            .map(|s| {
+                PolicyStatus::parse(s)
+                    .ok_or_else(|| ApiError::invalid("status: must be ACTIVE or DISABLED"))
+            })
+            .transpose()?,
+        limit: q.limit(MAX_PAGE_SIZE)?,
+        after: q.get("cursor").map(str::to_string),
+    })
+}
+
+pub async fn list_policies(
+    State(app): State<Arc<App>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Answer {
+    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let q = Query::parse(raw.as_deref());
+    let query = app
+        .validated(&actor, Plane::Admin, || list_query(&q))
+        .await?;
+    let (outcome, tenant) = app
+        .run(Command::ListPolicies { actor, query }, Plane::Admin)
+        .await?;
+    let Outcome::Policies { policies, has_more } = outcome else {
+        return Err(unexpected(&outcome));
+    };
+    let next_cursor = has_more
+        .then(|| policies.last().map(|p| p.policy_id.clone()))
+        .flatten();
+    let response = PolicyListResponse {
+        policies: policies.into_iter().map(PolicyResponse::from).collect(),
+        next_cursor,
+        has_more,
+    };
+    tenant_json(StatusCode::OK, &response, tenant)
+}
+
+pub async fn update_policy(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Answer {
+    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let request: PolicyUpdateRequest = app
+        .validated(&actor, Plane::Admin, || parse_body(&bytes))
+        .await?;
+    let command = Command::UpdatePolicy {
+        actor,
+        policy_id: id,
+        patch: request.into_patch(),
+    };
+    let (outcome, tenant) = app.run(command, Plane::Admin).await?;
+    policy_answer(outcome, StatusCode::OK, tenant)
+}

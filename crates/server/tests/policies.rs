@@ -1,0 +1,295 @@
+//! Policies: caps (ALLOW_WITH_CAPS), overage and TTL rules matched by scope pattern.
+
+mod common;
+
+use common::{amount, reserve_body, As, Engine, TestServer, T0};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+engine_tests!(
+    caps_come_from_the_governing_policy,
+    priority_status_and_window_choose_the_policy,
+    policy_sets_overage_and_ttl_limits,
+    policy_crud_and_validation,
+);
+
+async fn policy(s: &TestServer, who: As<'_>, body: Value) -> Value {
+    s.post("/v1/admin/policies", who, body)
+        .await
+        .expect(201, None)
+        .clone()
+}
+
+fn agent() -> Value {
+    json!({"tenant": "acme", "agent": "bot"})
+}
+
+async fn caps_come_from_the_governing_policy(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000_000).await;
+    let caps = json!({"max_tokens": 512, "tool_denylist": ["shell"]});
+    policy(
+        &s,
+        As::Key(&key),
+        json!({"name": "agents", "scope_pattern": "tenant:acme/agent:*", "caps": caps}),
+    )
+    .await;
+    let r = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("r1", agent(), 10),
+        )
+        .await;
+    let b = r.expect(200, None);
+    assert_eq!(b["decision"], "ALLOW_WITH_CAPS");
+    assert_eq!(b["caps"], caps);
+    assert!(b["reservation_id"].is_string());
+    // The tenant scope itself is not matched by tenant:acme/agent:*.
+    let t = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("r2", json!({"tenant": "acme"}), 10),
+        )
+        .await;
+    let tb = t.expect(200, None);
+    assert_eq!(tb["decision"], "ALLOW");
+    assert!(tb.get("caps").is_none());
+    // Dry run and decide carry the same caps; a DENY never does.
+    let mut dry = reserve_body("r3", agent(), 10);
+    dry["dry_run"] = json!(true);
+    let d = s.post("/v1/reservations", As::Key(&key), dry).await;
+    assert_eq!(d.expect(200, None)["caps"], caps);
+    let decide = |k: &str, amount: i64| {
+        json!({"idempotency_key": k, "subject": agent(), "action": {"kind": "k", "name": "n"},
+               "estimate": {"unit": "USD_MICROCENTS", "amount": amount}})
+    };
+    let ok = s.post("/v1/decide", As::Key(&key), decide("d1", 10)).await;
+    let okb = ok.expect(200, None);
+    assert_eq!(
+        (okb["decision"].as_str(), &okb["caps"]),
+        (Some("ALLOW_WITH_CAPS"), &caps)
+    );
+    let deny = s
+        .post("/v1/decide", As::Key(&key), decide("d2", 10_000_000))
+        .await;
+    let db = deny.expect(200, None);
+    assert_eq!(db["decision"], "DENY");
+    assert!(db.get("caps").is_none());
+    s.stop().await;
+}
+
+async fn priority_status_and_window_choose_the_policy(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000_000).await;
+    let low = policy(
+        &s,
+        As::Admin,
+        json!({"tenant_id": "acme", "name": "low", "scope_pattern": "tenant:acme/*", "priority": 1,
+               "caps": {"max_tokens": 1}}),
+    )
+    .await;
+    let high = policy(
+        &s,
+        As::Admin,
+        json!({"tenant_id": "acme", "name": "high", "scope_pattern": "tenant:acme/agent:bot",
+               "priority": 5, "caps": {"max_tokens": 5}}),
+    )
+    .await;
+    let caps_now = |k: &'static str| {
+        let s = &s;
+        let key = key.clone();
+        async move {
+            let r = s
+                .post(
+                    "/v1/reservations",
+                    As::Key(&key),
+                    reserve_body(k, agent(), 1),
+                )
+                .await;
+            r.expect(200, None)["caps"]["max_tokens"].clone()
+        }
+    };
+    assert_eq!(caps_now("a").await, 5);
+    let id = high["policy_id"].as_str().unwrap();
+    s.send(
+        Method::PATCH,
+        &format!("/v1/admin/policies/{id}"),
+        As::Admin,
+        Some(&json!({"status": "DISABLED"})),
+    )
+    .await
+    .expect(200, None);
+    assert_eq!(caps_now("b").await, 1);
+    // A window that has not started yet does not apply.
+    let later = protocol::format_rfc3339(T0 + 3_600_000);
+    let low_id = low["policy_id"].as_str().unwrap();
+    s.send(
+        Method::PATCH,
+        &format!("/v1/admin/policies/{low_id}"),
+        As::Admin,
+        Some(&json!({"effective_from": later})),
+    )
+    .await
+    .expect(200, None);
+    assert_eq!(caps_now("c").await, Value::Null);
+    s.advance(3_600_000);
+    assert_eq!(caps_now("d").await, 1);
+    s.stop().await;
+}
+
+async fn policy_sets_overage_and_ttl_limits(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000).await;
+    policy(
+        &s,
+        As::Key(&key),
+        json!({"name": "strict", "scope_pattern": "tenant:acme/*", "commit_overage_policy": "REJECT",
+               "reservation_ttl_override": {"default_ttl_ms": 5000, "max_ttl_ms": 8000, "max_extensions": 1}}),
+    )
+    .await;
+    let r = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("r1", agent(), 100),
+        )
+        .await;
+    let b = r.expect(200, None).clone();
+    assert_eq!(b["expires_at_ms"], T0 + 5_000, "policy default TTL");
+    let id = b["reservation_id"].as_str().unwrap();
+    // The policy's REJECT governs the commit (the request named no overage policy).
+    s.post(
+        &format!("/v1/reservations/{id}/commit"),
+        As::Key(&key),
+        json!({"idempotency_key": "c", "actual": {"unit": "USD_MICROCENTS", "amount": 101}}),
+    )
+    .await
+    .expect(409, Some("BUDGET_EXCEEDED"));
+    let extend = |k: &str| json!({"idempotency_key": k, "extend_by_ms": 1000});
+    s.post(
+        &format!("/v1/reservations/{id}/extend"),
+        As::Key(&key),
+        extend("e1"),
+    )
+    .await
+    .expect(200, None);
+    s.post(
+        &format!("/v1/reservations/{id}/extend"),
+        As::Key(&key),
+        extend("e2"),
+    )
+    .await
+    .expect(409, Some("MAX_EXTENSIONS_EXCEEDED"));
+    let mut long = reserve_body("r2", agent(), 1);
+    long["ttl_ms"] = json!(60_000);
+    let l = s.post("/v1/reservations", As::Key(&key), long).await;
+    assert_eq!(
+        l.expect(200, None)["expires_at_ms"],
+        T0 + 8_000,
+        "capped by max_ttl_ms"
+    );
+    assert_eq!(
+        amount(&s.ledger("tenant:acme", "USD_MICROCENTS").await, "reserved"),
+        101
+    );
+    s.stop().await;
+}
+
+async fn policy_crud_and_validation(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000).await;
+    let other = s.setup("other", 1_000).await;
+    let base = json!({"name": "p", "scope_pattern": "tenant:acme"});
+    // Admin must name the tenant; a tenant key must not.
+    s.post("/v1/admin/policies", As::Admin, base.clone())
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    let mut with_tenant = base.clone();
+    with_tenant["tenant_id"] = json!("acme");
+    s.post("/v1/admin/policies", As::Key(&key), with_tenant.clone())
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    // Patterns are rooted at the owning tenant.
+    s.post("/v1/admin/policies", As::Key(&other), base.clone())
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    for bad in [
+        json!({"name": "p", "scope_pattern": "tenant:acme", "priority": -1}),
+        json!({"name": "p", "scope_pattern": "tenant:acme", "caps": {"max_tokens": -5}}),
+        json!({"name": "p", "scope_pattern": "tenant:acme", "caps": {"bogus": 1}}),
+        json!({"name": "p", "scope_pattern": "tenant:acme", "reservation_ttl_override": {"max_ttl_ms": 10}}),
+        json!({"name": "p", "scope_pattern": "tenant:acme", "effective_from": "2030-01-02T00:00:00Z", "effective_until": "2030-01-01T00:00:00Z"}),
+    ] {
+        s.post("/v1/admin/policies", As::Key(&key), bad)
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
+    let created = policy(&s, As::Key(&key), base.clone()).await;
+    assert_eq!(created["status"], "ACTIVE");
+    assert!(created["policy_id"].as_str().unwrap().starts_with("pol_"));
+    policy(
+        &s,
+        As::Key(&key),
+        json!({"name": "q", "scope_pattern": "tenant:acme/*"}),
+    )
+    .await;
+    // Lists are tenant-scoped and paginated.
+    let page = s
+        .get("/v1/admin/policies?limit=1", As::Key(&key))
+        .await
+        .expect(200, None)
+        .clone();
+    assert_eq!(page["policies"].as_array().unwrap().len(), 1);
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let rest = s
+        .get(
+            &format!("/v1/admin/policies?limit=1&cursor={cursor}"),
+            As::Key(&key),
+        )
+        .await;
+    assert_eq!(
+        rest.expect(200, None)["policies"].as_array().unwrap().len(),
+        1
+    );
+    let theirs = s.get("/v1/admin/policies", As::Key(&other)).await;
+    assert_eq!(
+        theirs.expect(200, None)["policies"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    s.get("/v1/admin/policies", As::Admin)
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    let admin_list = s.get("/v1/admin/policies?tenant_id=acme", As::Admin).await;
+    assert_eq!(
+        admin_list.expect(200, None)["policies"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Another tenant cannot see or change the policy.
+    let id = created["policy_id"].as_str().unwrap();
+    s.send(
+        Method::PATCH,
+        &format!("/v1/admin/policies/{id}"),
+        As::Key(&other),
+        Some(&json!({"priority": 3})),
+    )
+    .await
+    .expect(404, Some("NOT_FOUND"));
+    let patched = s
+        .send(
+            Method::PATCH,
+            &format!("/v1/admin/policies/{id}"),
+            As::Key(&key),
+            Some(&json!({"priority": 3})),
+        )
+        .await;
+    assert_eq!(patched.expect(200, None)["priority"], 3);
+    s.stop().await;
+}

@@ -1,0 +1,773 @@
+//! Crash tests for the embedded engine's journal (DESIGN.md §3, §8).
+//!
+//! A store is driven through a fixed workload while a model applies the same commands to an
+//! in-memory [`State`] at the same instants; the model's state after every journaled command
+//! is the acknowledged history. The journal is then cut (or damaged) and recovered, and the
+//! result must be a prefix of that history: exactly the records that survived whole.
+//!
+//! The journal format is parsed here independently of the engine (an 8-byte header, then
+//! frames of payload length (u32 LE), CRC32C (u32 LE), payload), so the expected prefix at
+//! each offset does not come from the code under test.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ledger::{
+    apply, Action, Actor, Command, CommitCmd, FundCmd, FundingOp, Idempotency, NewApiKey,
+    NewBudget, NewTenant, ReleaseCmd, ReserveCmd, SnapshotData, State, Subject, Unit,
+};
+use store::embedded::{recover, verify, Durability, EmbeddedConfig, EmbeddedStore, Recovered};
+use store::{Clock, ManualClock, Store};
+use tempfile::TempDir;
+
+const TENANT: &str = "t";
+const DIGEST: [u8; 32] = [7; 32];
+const UNIT: Unit = Unit::UsdMicrocents;
+const T0: i64 = 1_800_000_000_000;
+/// Clock advance between commands (well inside the default 60 s reservation TTL).
+const STEP_MS: i64 = 10;
+/// Commands per workload.
+const OPS: usize = 60;
+/// The journal's file header (magic + format version).
+const HEADER: usize = 8;
+/// A frame's length and checksum fields.
+const FRAME_HEADER: usize = 8;
+
+// ---------------------------------------------------------------------------------------
+// The workload
+// ---------------------------------------------------------------------------------------
+
+fn idem(key: String) -> Idempotency {
+    let mut fingerprint = [0u8; 32];
+    for (slot, byte) in fingerprint.iter_mut().zip(key.bytes()) {
+        *slot = byte;
+    }
+    Idempotency { key, fingerprint }
+}
+
+fn tenant(id: &str) -> Command {
+    Command::CreateTenant {
+        actor: Actor::Admin,
+        tenant: NewTenant {
+            tenant_id: id.into(),
+            name: format!("Tenant {id}"),
+            parent_tenant_id: None,
+            default_commit_overage_policy: None,
+            default_reservation_ttl_ms: None,
+            max_reservation_ttl_ms: None,
+            max_reservation_extensions: None,
+            reservation_expiry_policy: None,
+            metadata: BTreeMap::new(),
+        },
+    }
+}
+
+fn budget(scope: &str, allocated: i64) -> Command {
+    Command::CreateBudget {
+        actor: Actor::Admin,
+        budget: NewBudget {
+            ledger_id: format!("ledger-{scope}"),
+            tenant_id: Some(TENANT.into()),
+            scope: scope.into(),
+            unit: UNIT,
+            allocated,
+            overdraft_limit: 0,
+            commit_overage_policy: None,
+            rollover_policy: None,
+            period_start_ms: None,
+            period_end_ms: None,
+            metadata: None,
+        },
+    }
+}
+
+/// A tenant, its API key, and budgets at the tenant and at one agent.
+fn provisioning() -> Vec<Command> {
+    vec![
+        tenant(TENANT),
+        Command::CreateApiKey {
+            actor: Actor::Admin,
+            key: NewApiKey {
+                key_id: "key-1".into(),
+                tenant_id: TENANT.into(),
+                key_prefix: "cyc_live_".into(),
+                digest: DIGEST,
+                name: "agent key".into(),
+                description: None,
+                permissions: None,
+                scope_filter: Vec::new(),
+                expires_at_ms: Some(i64::MAX),
+                metadata: None,
+            },
+        },
+        budget("tenant:t", 10_000_000),
+        budget("tenant:t/agent:a", 2_000_000),
+    ]
+}
+
+fn reserve(id: &str, estimate: i64) -> Command {
+    Command::Reserve(ReserveCmd {
+        actor: Actor::ApiKey(DIGEST),
+        idem: idem(format!("reserve-{id}")),
+        reservation_id: id.into(),
+        subject: Subject {
+            tenant: Some(TENANT.into()),
+            agent: Some("a".into()),
+            ..Subject::default()
+        },
+        action: Action {
+            kind: "llm.completion".into(),
+            name: "model".into(),
+            tags: None,
+        },
+        unit: UNIT,
+        estimate,
+        ttl_ms: None,
+        grace_period_ms: 0,
+        overage_policy: None,
+        dry_run: false,
+        metadata: None,
+    })
+}
+
+fn commit(id: &str, key: &str, actual: i64) -> Command {
+    Command::Commit(CommitCmd {
+        actor: Actor::ApiKey(DIGEST),
+        idem: idem(format!("commit-{key}")),
+        reservation_id: id.into(),
+        unit: UNIT,
+        actual,
+        metadata: None,
+    })
+}
+
+fn release(id: &str) -> Command {
+    Command::Release(ReleaseCmd {
+        actor: Actor::ApiKey(DIGEST),
+        idem: idem(format!("release-{id}")),
+        reservation_id: id.into(),
+        reason: Some("not needed".into()),
+    })
+}
+
+fn credit(n: usize) -> Command {
+    Command::FundBudget {
+        actor: Actor::Admin,
+        fund: FundCmd {
+            tenant_id: Some(TENANT.into()),
+            scope: "tenant:t".into(),
+            unit: UNIT,
+            operation: FundingOp::Credit,
+            amount: 1_000,
+            spent: None,
+            idem: Some(idem(format!("fund-{n}"))),
+        },
+    }
+}
+
+/// `len` commands: provisioning, then reservations that are committed, released, left
+/// ACTIVE or followed by a funding credit, plus a rejected second commit now and then (it
+/// writes nothing, so the history must not count it). `start` keeps ids unique when a test
+/// drives two workloads into one store.
+fn workload(start: usize, len: usize) -> Vec<Command> {
+    let mut commands = if start == 0 {
+        provisioning()
+    } else {
+        Vec::new()
+    };
+    let mut n = start;
+    while commands.len() < len {
+        let id = format!("res-{n}");
+        let estimate = 1_000 + 7 * n as i64;
+        commands.push(reserve(&id, estimate));
+        match n % 5 {
+            0 => commands.push(commit(&id, &id, estimate / 2)),
+            1 => commands.push(release(&id)),
+            2 => commands.push(credit(n)),
+            3 => {
+                commands.push(commit(&id, &id, estimate + 5));
+                commands.push(commit(&id, &format!("{id}-again"), 1));
+            }
+            _ => {}
+        }
+        n += 1;
+    }
+    commands.truncate(len);
+    commands
+}
+
+// ---------------------------------------------------------------------------------------
+// The model: the acknowledged history
+// ---------------------------------------------------------------------------------------
+
+/// The state in a form two states can be compared in (snapshot vectors built from hash maps
+/// come out in arbitrary order).
+fn canonical(state: &State) -> SnapshotData {
+    let mut data = state.to_snapshot();
+    data.reservations
+        .sort_by(|a, b| a.reservation_id.cmp(&b.reservation_id));
+    data.idempotency.sort_by(|a, b| a.0.cmp(&b.0));
+    data
+}
+
+/// The same commands applied in memory at the same instants.
+struct Model {
+    state: State,
+    /// `history[k]` is the state after the first `k` journal records.
+    history: Vec<SnapshotData>,
+}
+
+impl Model {
+    fn new() -> Self {
+        Model {
+            state: State::new(),
+            history: vec![canonical(&State::new())],
+        }
+    }
+}
+
+/// A store in a temporary data directory with a manual clock.
+struct Harness {
+    dir: TempDir,
+    clock: Arc<ManualClock>,
+    model: Model,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Harness {
+            dir: tempfile::tempdir().expect("temp dir"),
+            clock: Arc::new(ManualClock::new(T0)),
+            model: Model::new(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn open(&self, snapshot_after_bytes: Option<u64>) -> EmbeddedStore {
+        open_store(self.path(), self.clock.clone(), snapshot_after_bytes)
+    }
+
+    /// Sends each command to the store and to the model; every reply must match the
+    /// model's.
+    async fn drive(&mut self, store: &EmbeddedStore, commands: Vec<Command>) {
+        for command in commands {
+            self.clock.advance(STEP_MS);
+            let expected = apply(&mut self.model.state, command.clone(), self.clock.now_ms());
+            let reply = store.execute(command).await.expect("the store answers");
+            assert_eq!(reply.result, expected.result, "store and model disagree");
+            if !expected.effects.is_empty() {
+                self.model.history.push(canonical(&self.model.state));
+            }
+        }
+    }
+}
+
+fn open_store(dir: &Path, clock: Arc<ManualClock>, snapshot_after: Option<u64>) -> EmbeddedStore {
+    let mut config = EmbeddedConfig::new(dir, Durability::Strict, clock);
+    if let Some(bytes) = snapshot_after {
+        config.snapshot_after_bytes = bytes;
+    }
+    EmbeddedStore::open(config).expect("open store").0
+}
+
+// ---------------------------------------------------------------------------------------
+// Files
+// ---------------------------------------------------------------------------------------
+
+/// `(first seq, path)` of files named `{prefix}{seq:020}{suffix}`, by sequence number.
+fn numbered(dir: &Path, prefix: &str, suffix: &str) -> Vec<(u64, PathBuf)> {
+    let mut out: Vec<(u64, PathBuf)> = fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|e| {
+            let path = e.expect("dir entry").path();
+            let name = path.file_name()?.to_str()?;
+            let seq = name
+                .strip_prefix(prefix)?
+                .strip_suffix(suffix)?
+                .parse()
+                .ok()?;
+            Some((seq, path))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn segments(dir: &Path) -> Vec<(u64, PathBuf)> {
+    numbered(dir, "journal-", ".log")
+}
+
+fn snapshots(dir: &Path) -> Vec<(u64, PathBuf)> {
+    numbered(dir, "snapshot-", ".bin")
+}
+
+fn last_segment(dir: &Path) -> (u64, PathBuf) {
+    segments(dir).pop().expect("a journal segment")
+}
+
+/// A scratch directory for cut-and-recover rounds: in memory where the system has a tmpfs
+/// (repair's `fsync` is then free), so sweeping thousands of cuts stays fast.
+fn scratch_dir() -> TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::tempdir_in(shm) {
+            return dir;
+        }
+    }
+    tempfile::tempdir().expect("temp dir")
+}
+
+/// Copies a data directory's files (not its lock) into a fresh scratch directory.
+fn copy_dir(src: &Path) -> TempDir {
+    let dst = scratch_dir();
+    for entry in fs::read_dir(src).expect("read dir") {
+        let path = entry.expect("dir entry").path();
+        if path.file_name().is_some_and(|n| n != "LOCK") {
+            fs::copy(&path, dst.path().join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+    dst
+}
+
+/// Where each whole frame of a segment ends.
+fn frame_ends(bytes: &[u8]) -> Vec<usize> {
+    assert!(
+        bytes.len() >= HEADER && &bytes[..4] == b"CYCJ",
+        "segment header"
+    );
+    let mut ends = Vec::new();
+    let mut at = HEADER;
+    while at + FRAME_HEADER <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let end = at + FRAME_HEADER + len;
+        if end > bytes.len() {
+            break;
+        }
+        ends.push(end);
+        at = end;
+    }
+    ends
+}
+
+/// Waits until a background snapshot has been written and has pruned the segments before
+/// the previous snapshot (prune keeps one generation back), so that a copy of the directory
+/// is a consistent crash image.
+fn await_quiet(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let segs = segments(dir);
+        let first = segs.last().map_or(1, |(s, _)| *s);
+        let snapshot_done = snapshots(dir).iter().any(|(s, _)| *s + 1 >= first);
+        let tmp = fs::read_dir(dir).expect("read dir").any(|e| {
+            e.expect("entry")
+                .path()
+                .extension()
+                .is_some_and(|x| x == "tmp")
+        });
+        if first == 1 || (segs.len() <= 2 && snapshot_done && !tmp) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "snapshot never finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks
+// ---------------------------------------------------------------------------------------
+
+/// Asserts that a recovery produced exactly `history[k]` and a sound state.
+#[track_caller]
+fn assert_prefix(what: &str, got: &Recovered, history: &[SnapshotData], k: usize) {
+    let state = canonical(&got.state);
+    if state != history[k] {
+        let matched = history.iter().position(|h| *h == state);
+        panic!(
+            "{what}: expected the state after {k} records, got {} (last_seq {})",
+            matched.map_or("a state outside the history".into(), |m| format!(
+                "the state after {m}"
+            )),
+            got.last_seq
+        );
+    }
+    assert_eq!(got.last_seq, k as u64, "{what}: last_seq");
+    let violations = got.state.verify();
+    assert!(violations.is_empty(), "{what}: {violations:?}");
+}
+
+/// Where to cut a segment whose frames end at `ends`: every offset of the header, around
+/// every frame (at its start, one byte in, right after its length and checksum, halfway,
+/// one byte short of its end), and every single offset of the last `tail` frames.
+fn cut_offsets(ends: &[usize], tail: usize) -> Vec<usize> {
+    let mut cuts: Vec<usize> = (0..=HEADER).collect();
+    let starts = std::iter::once(HEADER).chain(ends.iter().copied());
+    for (start, end) in starts.zip(ends.iter().copied()) {
+        cuts.extend([
+            start + 1,
+            start + FRAME_HEADER,
+            (start + end) / 2,
+            end - 1,
+            end,
+        ]);
+    }
+    let from = ends.len().checked_sub(tail + 1).map_or(HEADER, |i| ends[i]);
+    cuts.extend(from..=ends.last().copied().unwrap_or(HEADER));
+    cuts.sort_unstable();
+    cuts.dedup();
+    cuts
+}
+
+/// Cuts the last journal segment of (a copy of) `src` at the offsets of [`cut_offsets`]
+/// and recovers each.
+///
+/// `floor` is the sequence number already covered without this segment (its first seq − 1,
+/// or a later snapshot). Every cut must recover `history[max(floor, first − 1 + whole
+/// frames)]`: read-only (as `cycles verify` does, leaving the file alone) and with repair
+/// (truncating to the last whole frame). Returns the number of cuts checked.
+fn sweep(src: &Path, history: &[SnapshotData], tail: usize, floor: u64) -> usize {
+    let work = copy_dir(src);
+    let (first, segment) = last_segment(work.path());
+    let bytes = fs::read(&segment).expect("read segment");
+    let ends = frame_ends(&bytes);
+    assert_eq!(ends.last().copied().unwrap_or(HEADER), bytes.len());
+    let cuts = cut_offsets(&ends, tail);
+    let mut previous = 0;
+    for &cut in &cuts {
+        fs::write(&segment, &bytes[..cut]).expect("write cut segment");
+        let whole = ends.iter().filter(|&&e| e <= cut).count();
+        let k = (first - 1 + whole as u64).max(floor) as usize;
+        let valid = if cut < HEADER {
+            0
+        } else {
+            ends.iter()
+                .copied()
+                .filter(|&e| e <= cut)
+                .max()
+                .unwrap_or(HEADER)
+        };
+        let what = format!("cut at {cut} of {}", bytes.len());
+
+        let (read_only, violations) = verify(work.path()).expect("verify");
+        assert_prefix(&format!("{what} (verify)"), &read_only, history, k);
+        assert!(violations.is_empty(), "{what}: {violations:?}");
+        let len = fs::metadata(&segment).expect("stat").len();
+        assert_eq!(
+            len, cut as u64,
+            "{what}: verify must not modify the journal"
+        );
+
+        let repaired = recover(work.path(), true).expect("recover");
+        assert_prefix(&format!("{what} (repair)"), &repaired, history, k);
+        assert_eq!(repaired.truncated_bytes, (cut - valid) as u64, "{what}");
+        let len = fs::metadata(&segment).expect("stat").len();
+        assert_eq!(len, valid as u64, "{what}: the torn tail is cut off");
+        assert!(k >= previous, "{what}: the recovered prefix went backwards");
+        previous = k;
+    }
+    cuts.len()
+}
+
+/// Cuts the last segment of (a copy of) `src` at `cut`, opens a store on it (which repairs
+/// it), writes one more command, and checks that a second recovery sees the prefix plus
+/// that command, appended where the valid journal ended.
+async fn reopen_after_cut(src: &Path, history: &[SnapshotData], cut: usize, k: usize) {
+    let work = copy_dir(src);
+    let (_, segment) = last_segment(work.path());
+    let bytes = fs::read(&segment).expect("read segment");
+    fs::write(&segment, &bytes[..cut]).expect("write cut segment");
+
+    let clock = Arc::new(ManualClock::new(T0 + 1_000_000));
+    let extra = tenant(&format!("extra-{cut}"));
+    let mut expected = State::from_snapshot(history[k].clone());
+    let applied = apply(&mut expected, extra.clone(), clock.now_ms());
+    assert!(applied.result.is_ok() && !applied.effects.is_empty());
+
+    let store = open_store(work.path(), clock.clone(), None);
+    let reply = store.execute(extra).await.expect("the store answers");
+    assert_eq!(reply.result, applied.result, "cut at {cut}");
+    // A crash right after the acknowledgement: no shutdown, so no final snapshot.
+    drop(store);
+
+    let recovered = recover(work.path(), false).expect("recover");
+    assert_eq!(
+        canonical(&recovered.state),
+        canonical(&expected),
+        "cut at {cut}: the appended record must follow the recovered prefix"
+    );
+    assert_eq!(recovered.last_seq, k as u64 + 1, "cut at {cut}");
+    assert_eq!(recovered.truncated_bytes, 0, "cut at {cut}: nothing torn");
+    assert!(recovered.state.verify().is_empty());
+}
+
+/// Flips one bit in the payload of journal record `index` (0-based) of the last segment;
+/// returns how many bytes the damaged record and those after it take.
+fn flip_bit_in_record(dir: &Path, index: usize) -> usize {
+    let (_, segment) = last_segment(dir);
+    let mut bytes = fs::read(&segment).expect("read segment");
+    let ends = frame_ends(&bytes);
+    let start = if index == 0 { HEADER } else { ends[index - 1] };
+    let middle = start + FRAME_HEADER + (ends[index] - start - FRAME_HEADER) / 2;
+    bytes[middle] ^= 0x10;
+    fs::write(&segment, &bytes).expect("write segment");
+    bytes.len() - start
+}
+
+/// A journal of `OPS` commands whose store was never shut down (as after a crash).
+async fn crashed_journal() -> Harness {
+    let mut h = Harness::new();
+    let store = h.open(None);
+    h.drive(&store, workload(0, OPS)).await;
+    drop(store);
+    assert!(
+        snapshots(h.path()).is_empty(),
+        "no snapshot without shutdown"
+    );
+    assert_eq!(segments(h.path()).len(), 1);
+    h
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+/// Every byte offset of the journal: the recovered state is the state after the records
+/// that survived whole, never more, never less, and the ledger's rules hold.
+#[tokio::test]
+async fn every_cut_of_the_journal_recovers_a_prefix() {
+    let h = crashed_journal().await;
+    let records = h.model.history.len() - 1;
+    assert!(records >= 50, "the workload journals most commands");
+    let full = recover(h.path(), false).expect("recover");
+    assert_prefix("intact journal", &full, &h.model.history, records);
+    let checked = sweep(h.path(), &h.model.history, 3, 0);
+    assert!(checked > 1_000, "swept only {checked} offsets");
+}
+
+/// After a cut, the store opens on the repaired journal, appends where it ended, and the
+/// next recovery sees the new record after the prefix.
+#[tokio::test]
+async fn reopening_after_a_cut_appends_after_the_prefix() {
+    let h = crashed_journal().await;
+    let history = &h.model.history;
+    let (_, segment) = last_segment(h.path());
+    let len = fs::metadata(&segment).expect("stat").len() as usize;
+    let ends = frame_ends(&fs::read(&segment).expect("read"));
+    let n = ends.len();
+    let mut cuts = vec![(0, 0), (3, 0), (HEADER, 0), (HEADER + 5, 0), (len, n)];
+    for i in n - 3..n {
+        // At a record boundary, one byte into the next frame, and mid-frame.
+        cuts.push((ends[i - 1], i));
+        cuts.push((ends[i - 1] + 1, i));
+        cuts.push(((ends[i - 1] + ends[i]) / 2, i));
+        cuts.push((ends[i] - 1, i));
+    }
+    for (cut, k) in cuts {
+        reopen_after_cut(h.path(), history, cut, k).await;
+    }
+}
+
+/// A flipped bit fails the record's checksum: recovery stops right before that record and
+/// drops everything after it, whether it is the last record or one in the middle.
+#[tokio::test]
+async fn a_flipped_bit_stops_recovery_before_the_damaged_record() {
+    let h = crashed_journal().await;
+    let history = &h.model.history;
+    let records = history.len() - 1;
+    for index in [records - 1, records / 2, 0] {
+        let work = copy_dir(h.path());
+        let damaged = flip_bit_in_record(work.path(), index);
+        let (read_only, _) = verify(work.path()).expect("verify");
+        assert_prefix(
+            &format!("bit flip in record {index}"),
+            &read_only,
+            history,
+            index,
+        );
+        let repaired = recover(work.path(), true).expect("recover");
+        assert_prefix(
+            &format!("bit flip in record {index}"),
+            &repaired,
+            history,
+            index,
+        );
+        assert_eq!(repaired.truncated_bytes, damaged as u64);
+        // The damaged record and the ones after it are gone for good.
+        let again = recover(work.path(), false).expect("recover");
+        assert_eq!(again.truncated_bytes, 0);
+        assert_prefix("after repair", &again, history, index);
+    }
+}
+
+/// A clean shutdown writes a snapshot; commands after a restart go to the journal. Recovery
+/// is the snapshot plus the later records, and a cut anywhere in the journal never goes back
+/// past the snapshot.
+#[tokio::test]
+async fn a_snapshot_and_later_records_recover_the_final_state() {
+    let mut h = Harness::new();
+    let store = h.open(None);
+    h.drive(&store, workload(0, OPS / 2)).await;
+    store.shutdown().await;
+    drop(store);
+    let at_snapshot = h.model.history.len() as u64 - 1;
+    assert_eq!(
+        snapshots(h.path())
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>(),
+        vec![at_snapshot]
+    );
+
+    let store = h.open(None);
+    h.drive(&store, workload(1_000, OPS / 2)).await;
+    drop(store);
+    let records = h.model.history.len() - 1;
+    let recovered = recover(h.path(), false).expect("recover");
+    assert_eq!(recovered.snapshot_seq, Some(at_snapshot));
+    assert_eq!(recovered.records_replayed, records as u64 - at_snapshot);
+    assert_prefix("snapshot + journal", &recovered, &h.model.history, records);
+
+    // The journal still starts at record 1 (a lone segment is never pruned): records the
+    // snapshot covers are skipped, and no cut can undo them.
+    assert_eq!(last_segment(h.path()).0, 1);
+    sweep(h.path(), &h.model.history, 1, at_snapshot);
+}
+
+/// After a clean shutdown the snapshot covers everything: however the journal behind it is
+/// cut, nothing is lost, and the store keeps appending after the snapshot's sequence.
+#[tokio::test]
+async fn a_cut_journal_behind_a_final_snapshot_loses_nothing() {
+    let mut h = Harness::new();
+    let store = h.open(None);
+    h.drive(&store, workload(0, OPS)).await;
+    store.shutdown().await;
+    drop(store);
+    let records = h.model.history.len() - 1;
+    sweep(h.path(), &h.model.history, 1, records as u64);
+    for cut in [0, 5, HEADER, HEADER + 40] {
+        reopen_after_cut(h.path(), &h.model.history, cut, records).await;
+    }
+}
+
+/// A snapshot that is corrupt or cut short is skipped; while the journal still holds every
+/// record (a lone segment is never pruned), recovery replays it all from the start.
+#[tokio::test]
+async fn a_corrupt_snapshot_falls_back_to_the_journal() {
+    let mut h = Harness::new();
+    let store = h.open(None);
+    h.drive(&store, workload(0, OPS)).await;
+    store.shutdown().await;
+    drop(store);
+    let records = h.model.history.len() - 1;
+    let snapshot = snapshots(h.path()).pop().expect("a final snapshot").1;
+    let good = fs::read(&snapshot).expect("read snapshot");
+
+    type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+    let damage: [(&str, Damage); 3] = [
+        (
+            "flipped payload bit",
+            Box::new(|b| {
+                let middle = b.len() / 2;
+                b[middle] ^= 1;
+            }),
+        ),
+        ("cut short", Box::new(|b| b.truncate(b.len() - 3))),
+        ("bad magic", Box::new(|b| b[0] = b'X')),
+    ];
+    for (what, damage) in damage {
+        let work = copy_dir(h.path());
+        let mut bytes = good.clone();
+        damage(&mut bytes);
+        fs::write(work.path().join(snapshot.file_name().expect("name")), bytes).expect("write");
+        let recovered = recover(work.path(), true).expect("recover");
+        assert_eq!(
+            recovered.snapshot_seq, None,
+            "{what}: the snapshot is skipped"
+        );
+        assert_eq!(recovered.records_replayed, records as u64, "{what}");
+        assert_prefix(what, &recovered, &h.model.history, records);
+    }
+}
+
+/// A journal of `OPS` commands with a small snapshot threshold: it rotated, background
+/// snapshots pruned the old segments, and the store was never shut down.
+async fn rotated_journal() -> Harness {
+    let mut h = Harness::new();
+    let store = h.open(Some(4_096));
+    h.drive(&store, workload(0, OPS)).await;
+    drop(store);
+    // The ledger thread may still be rotating after the last reply; give it time to stop,
+    // then let the background snapshot finish.
+    std::thread::sleep(Duration::from_millis(200));
+    await_quiet(h.path());
+    assert!(last_segment(h.path()).0 > 1, "the journal never rotated");
+    h
+}
+
+/// After rotation, recovery is the latest snapshot plus the newest segment, and every cut of
+/// that segment recovers the snapshot plus the records that survived whole.
+#[tokio::test]
+async fn cuts_after_rotation_recover_a_prefix() {
+    let h = rotated_journal().await;
+    let records = h.model.history.len() - 1;
+    let (first, _) = last_segment(h.path());
+    let recovered = recover(h.path(), false).expect("recover");
+    assert_eq!(recovered.snapshot_seq, Some(first - 1));
+    assert_prefix("rotated journal", &recovered, &h.model.history, records);
+    sweep(h.path(), &h.model.history, 2, first - 1);
+}
+
+/// Flips one bit in the middle of a file.
+fn flip_middle(path: &Path) {
+    let mut bytes = fs::read(path).expect("read");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    fs::write(path, bytes).expect("write");
+}
+
+/// A damaged newest snapshot is skipped: recovery falls back to the previous snapshot, whose
+/// journal prune keeps, and recovers every acknowledged record.
+#[tokio::test]
+async fn a_corrupt_newest_snapshot_falls_back_to_the_previous_one() {
+    let h = rotated_journal().await;
+    let all = snapshots(h.path());
+    assert!(all.len() >= 2, "prune keeps the previous snapshot");
+    let (newest, path) = all.last().expect("a snapshot").clone();
+    flip_middle(&path);
+    let recovered = recover(h.path(), false).expect("recover");
+    assert!(recovered.snapshot_seq.is_some_and(|s| s < newest));
+    assert_prefix(
+        "fallback",
+        &recovered,
+        &h.model.history,
+        h.model.history.len() - 1,
+    );
+}
+
+/// With every snapshot damaged, the history before the oldest kept segment is gone: recovery
+/// and verify refuse (an error) and leave the journal untouched, instead of starting from an
+/// empty ledger.
+#[tokio::test]
+async fn missing_history_is_refused_not_truncated() {
+    let h = rotated_journal().await;
+    for (_, path) in snapshots(h.path()) {
+        flip_middle(&path);
+    }
+    let (_, segment) = last_segment(h.path());
+    let journal = fs::read(&segment).expect("read segment");
+    assert!(verify(h.path()).is_err(), "verify accepted missing history");
+    assert!(
+        recover(h.path(), true).is_err(),
+        "recovery accepted missing history"
+    );
+    assert_eq!(
+        fs::read(&segment).expect("read segment"),
+        journal,
+        "the journal was changed"
+    );
+}
