@@ -70,6 +70,18 @@ impl App {
         }
     }
 
+    /// Parses a request with `parse` (see [`App::validated`]) and runs the command it becomes.
+    pub async fn run_parsed<T>(
+        &self,
+        actor: &Actor,
+        plane: Plane,
+        parse: impl FnOnce() -> Result<T, ApiError>,
+        command: impl FnOnce(T) -> Command,
+    ) -> Result<(Outcome, Option<String>), Failure> {
+        let parsed = self.validated(actor, plane, parse).await?;
+        self.run(command(parsed), plane).await
+    }
+
     /// Parses and validates a request. When that fails, the caller's credentials are checked
     /// first, so an unauthenticated caller gets 401 rather than a hint about the body.
     pub async fn validated<T>(

@@ -42,8 +42,9 @@ when storage cannot take writes, 503 INTERNAL_ERROR (nothing was recorded).
 * **Correlation.** Every response carries `X-Request-Id` and `X-Cycles-Trace-Id` (taken from \
 a valid `traceparent`, else a valid inbound `X-Cycles-Trace-Id`, else generated).
 * **Bodies.** Request bodies reject unknown fields. Response bodies carry exactly the fields \
-documented and never `null` (an absent optional field is omitted). On input, `null` for an \
-optional field is read as absent.
+documented and never `null` (an absent optional field is omitted). On input, no field is \
+nullable: omit it instead (an explicit `null` is 400 INVALID_REQUEST; open `metadata` objects \
+may hold anything).
 * **Query parameters** not documented here are ignored; documented ones are validated, and a \
 blank value counts as absent.
 * **Idempotency.** Write operations with an `idempotency_key` replay the original response for \
@@ -148,7 +149,7 @@ pub fn document() -> Value {
     doc
 }
 
-/// Responses never carry `null` and requests need not: drops the `null` alternative utoipa
+/// Neither requests nor responses carry `null`: drops the `null` alternative utoipa
 /// gives every `Option` field, so the schemas say what the server emits.
 fn without_null(v: &mut Value) {
     match v {

@@ -75,6 +75,24 @@ pub fn with_date(mut response: Response) -> Response {
     response
 }
 
+/// The cursor of the page after `rows`, when the store said there may be more.
+pub fn next_cursor<T>(
+    has_more: bool,
+    rows: &[T],
+    position: impl Fn(&T) -> String,
+) -> Option<String> {
+    if has_more {
+        rows.last().map(position)
+    } else {
+        None
+    }
+}
+
+/// The cursor position of a budget in `(scope, unit)` order.
+pub fn budget_position(b: &ledger::Budget) -> String {
+    protocol::encode_budget_cursor(&b.scope, b.unit)
+}
+
 /// The store answered a command with an outcome of another kind: a broken invariant.
 pub fn unexpected(outcome: &Outcome) -> Failure {
     ApiError::internal(format!(

@@ -12,10 +12,7 @@ use protocol::admin::{
     BudgetListResponse, BudgetStatusTransitionRequest, BudgetUpdateRequest, TenantCreateRequest,
     TenantResponse, TenantUpdateRequest,
 };
-use protocol::{
-    decode_budget_cursor, encode_budget_cursor, parse_body, ApiError, Plane, Validate,
-    MAX_PAGE_SIZE,
-};
+use protocol::{decode_budget_cursor, parse_body, ApiError, Plane, Validate, MAX_PAGE_SIZE};
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
@@ -23,7 +20,7 @@ use crate::app::App;
 use crate::auth;
 use crate::ids;
 use crate::query::Query;
-use crate::reply::{json, tenant_json, unexpected, Answer, Failure};
+use crate::reply::{budget_position, json, next_cursor, tenant_json, unexpected, Answer, Failure};
 
 async fn body<T: DeserializeOwned + Validate>(
     app: &App,
@@ -210,25 +207,19 @@ pub async fn list_budgets(
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
-    let query = app
-        .validated(&actor, Plane::Admin, || list_query(&q))
-        .await?;
+    let command = |query| Command::ListBudgets {
+        actor: actor.clone(),
+        query,
+    };
     let (outcome, tenant) = app
-        .run(Command::ListBudgets { actor, query }, Plane::Admin)
+        .run_parsed(&actor, Plane::Admin, || list_query(&q), command)
         .await?;
     let Outcome::Budgets { budgets, has_more } = outcome else {
         return Err(unexpected(&outcome));
     };
-    let next_cursor = has_more
-        .then(|| {
-            budgets
-                .last()
-                .map(|b| encode_budget_cursor(&b.scope, b.unit))
-        })
-        .flatten();
     let response = BudgetListResponse {
+        next_cursor: next_cursor(has_more, &budgets, budget_position),
         ledgers: budgets.into_iter().map(BudgetLedger::from).collect(),
-        next_cursor,
         has_more,
     };
     tenant_json(StatusCode::OK, &response, tenant)

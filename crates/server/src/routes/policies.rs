@@ -15,7 +15,7 @@ use crate::app::App;
 use crate::auth;
 use crate::ids;
 use crate::query::Query;
-use crate::reply::{tenant_json, unexpected, Answer};
+use crate::reply::{next_cursor, tenant_json, unexpected, Answer};
 
 fn policy_answer(outcome: Outcome, status: StatusCode, tenant: Option<String>) -> Answer {
     let Outcome::Policy(policy) = outcome else {
@@ -64,21 +64,19 @@ pub async fn list_policies(
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
-    let query = app
-        .validated(&actor, Plane::Admin, || list_query(&q))
-        .await?;
+    let command = |query| Command::ListPolicies {
+        actor: actor.clone(),
+        query,
+    };
     let (outcome, tenant) = app
-        .run(Command::ListPolicies { actor, query }, Plane::Admin)
+        .run_parsed(&actor, Plane::Admin, || list_query(&q), command)
         .await?;
     let Outcome::Policies { policies, has_more } = outcome else {
         return Err(unexpected(&outcome));
     };
-    let next_cursor = has_more
-        .then(|| policies.last().map(|p| p.policy_id.clone()))
-        .flatten();
     let response = PolicyListResponse {
+        next_cursor: next_cursor(has_more, &policies, |p| p.policy_id.clone()),
         policies: policies.into_iter().map(PolicyResponse::from).collect(),
-        next_cursor,
         has_more,
     };
     tenant_json(StatusCode::OK, &response, tenant)

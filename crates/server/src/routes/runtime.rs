@@ -16,8 +16,7 @@ use protocol::runtime::{
     ReservationExtendRequest, ReservationExtendResponse,
 };
 use protocol::{
-    decode_budget_cursor, encode_budget_cursor, parse_body, ApiError, Balance, Plane, Validate,
-    MAX_PAGE_SIZE,
+    decode_budget_cursor, parse_body, ApiError, Balance, Plane, Validate, MAX_PAGE_SIZE,
 };
 use serde::de::DeserializeOwned;
 
@@ -25,7 +24,10 @@ use crate::app::App;
 use crate::auth;
 use crate::ids;
 use crate::query::Query;
-use crate::reply::{json, tenant_json, unexpected, with_date, with_tenant, Answer, Failure};
+use crate::reply::{
+    budget_position, json, next_cursor, tenant_json, unexpected, with_date, with_tenant, Answer,
+    Failure,
+};
 
 const IDEMPOTENCY_HEADER: &str = "x-idempotency-key";
 
@@ -262,26 +264,19 @@ pub async fn balances(
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
     let q = Query::parse(raw.as_deref());
-    let query = app
-        .validated(&actor, Plane::Runtime, || balance_query(actor.clone(), &q))
+    let parse = || balance_query(actor.clone(), &q);
+    let (outcome, tenant) = app
+        .run_parsed(&actor, Plane::Runtime, parse, Command::Balances)
         .await?;
-    let (outcome, tenant) = app.run(Command::Balances(query), Plane::Runtime).await?;
     let Outcome::Balances { budgets, has_more } = outcome else {
         return Err(unexpected(&outcome));
     };
-    let next_cursor = has_more
-        .then(|| {
-            budgets
-                .last()
-                .map(|b| encode_budget_cursor(&b.scope, b.unit))
-        })
-        .flatten();
     let response = BalanceResponse {
         balances: budgets
             .iter()
             .map(|b| Balance::from(&ledger::Balance::from(b)))
             .collect(),
-        next_cursor,
+        next_cursor: next_cursor(has_more, &budgets, budget_position),
         has_more,
     };
     tenant_json(StatusCode::OK, &response, tenant)
