@@ -145,8 +145,43 @@ pub fn document() -> Value {
         .into();
     without_null(&mut doc);
     closed_objects(&mut doc);
+    universal_responses(&mut doc);
     shared_headers(&mut doc);
     doc
+}
+
+/// Answers every `/v1` operation can give, whatever it does: a bad or missing key (401),
+/// throttling when rate limiting is on (429), a broken invariant (500) and storage that
+/// cannot take writes (503). Added here once rather than listed on every operation.
+fn universal_responses(doc: &mut Value) {
+    const UNIVERSAL: [(&str, &str); 4] = [
+        ("401", "Unauthorized"),
+        ("429", "TooManyRequests"),
+        ("500", "InternalError"),
+        ("503", "Unavailable"),
+    ];
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        if !path.starts_with("/v1") {
+            continue;
+        }
+        for op in item
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|m| m.values_mut())
+        {
+            let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            for (status, name) in UNIVERSAL {
+                responses.entry(status).or_insert_with(
+                    || serde_json::json!({"$ref": format!("#/components/responses/{name}")}),
+                );
+            }
+        }
+    }
 }
 
 /// Neither requests nor responses carry `null`: drops the `null` alternative utoipa
@@ -631,13 +666,9 @@ mod ops {
             (status = 200, description = "Reserved (or, with dry_run, evaluated)",
                 body = ReservationCreateResponse, headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = [])),
     )]
@@ -653,11 +684,7 @@ mod ops {
             (status = 200, description = "A page of reservations",
                 body = ReservationListResponse, headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -672,13 +699,9 @@ mod ops {
             (status = 200, description = "The reservation", body = ReservationDetail,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 410, response = Gone),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -697,14 +720,10 @@ mod ops {
             (status = 200, description = "Committed", body = CommitResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
             (status = 410, response = Gone),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = [])),
     )]
@@ -720,14 +739,10 @@ mod ops {
             (status = 200, description = "Released", body = ReleaseResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
             (status = 410, response = Gone),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -745,14 +760,10 @@ mod ops {
             (status = 200, description = "Extended", body = ReservationExtendResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
             (status = 410, response = Gone),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = [])),
     )]
@@ -769,12 +780,8 @@ mod ops {
             (status = 200, description = "The decision", body = DecisionResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = [])),
     )]
@@ -791,13 +798,9 @@ mod ops {
             (status = 201, description = "Applied", body = EventCreateResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = [])),
     )]
@@ -811,11 +814,7 @@ mod ops {
             (status = 200, description = "A page of balances", body = BalanceResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = [])),
     )]
@@ -830,11 +829,7 @@ mod ops {
             (status = 200, description = "A tenant with this id and name already exists: it is \
                 returned unchanged", body = TenantResponse),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -846,11 +841,7 @@ mod ops {
         params(TenantPath),
         responses(
             (status = 200, description = "The tenant", body = TenantResponse),
-            (status = 401, response = Unauthorized),
             (status = 404, response = NotFound),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -865,11 +856,7 @@ mod ops {
         responses(
             (status = 200, description = "The updated tenant", body = TenantResponse),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 404, response = NotFound),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -883,12 +870,8 @@ mod ops {
             (status = 201, description = "Created; `key_secret` is shown only now",
                 body = ApiKeyCreateResponse),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -902,12 +885,8 @@ mod ops {
         responses(
             (status = 200, description = "The revoked key", body = ApiKeyResponse),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -921,13 +900,9 @@ mod ops {
             (status = 201, description = "Created", body = BudgetLedger,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -943,11 +918,7 @@ mod ops {
             (status = 200, description = "A page of budgets", body = BudgetListResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -961,12 +932,8 @@ mod ops {
         responses(
             (status = 200, description = "The updated budget", body = BudgetLedger),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -980,12 +947,8 @@ mod ops {
             (status = 200, description = "The budget", body = BudgetLedger,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -1000,13 +963,9 @@ mod ops {
             (status = 200, description = "Funded", body = BudgetFundingResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -1021,12 +980,8 @@ mod ops {
         responses(
             (status = 200, description = "The frozen budget", body = BudgetLedger),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -1042,12 +997,8 @@ mod ops {
         responses(
             (status = 200, description = "The active budget", body = BudgetLedger),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("AdminKeyAuth" = [])),
     )]
@@ -1061,13 +1012,9 @@ mod ops {
             (status = 201, description = "Created", body = PolicyResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -1081,12 +1028,8 @@ mod ops {
             (status = 200, description = "A page of policies", body = PolicyListResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
@@ -1102,13 +1045,9 @@ mod ops {
             (status = 200, description = "The updated policy", body = PolicyResponse,
                 headers(("X-Cycles-Tenant" = String))),
             (status = 400, response = BadRequest),
-            (status = 401, response = Unauthorized),
             (status = 403, response = Forbidden),
             (status = 404, response = NotFound),
             (status = 409, response = Conflict),
-            (status = 429, response = TooManyRequests),
-            (status = 500, response = InternalError),
-            (status = 503, response = Unavailable),
         ),
         security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
     )]
