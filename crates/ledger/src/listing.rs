@@ -99,6 +99,24 @@ fn sort_values(r: &Reservation) -> [SortValue; 6] {
 }
 
 impl ListIndex {
+    /// Builds the index of many reservations at once (sorting, then bulk-loading each set:
+    /// far faster than inserting one by one when a snapshot is loaded).
+    pub(crate) fn build<'a>(rows: impl Iterator<Item = &'a Reservation>) -> Self {
+        let mut sorted: [Vec<Entry>; 6] = Default::default();
+        let mut by_status_created = Vec::new();
+        for r in rows {
+            let id: Arc<str> = Arc::from(r.reservation_id.as_str());
+            for (entries, value) in sorted.iter_mut().zip(sort_values(r)) {
+                entries.push((value, id.clone()));
+            }
+            by_status_created.push((status_rank(r.status), r.created_at_ms, id));
+        }
+        ListIndex {
+            sorted: sorted.map(BTreeSet::from_iter),
+            by_status_created: by_status_created.into_iter().collect(),
+        }
+    }
+
     pub(crate) fn insert(&mut self, r: &Reservation) {
         let id: Arc<str> = Arc::from(r.reservation_id.as_str());
         for (set, value) in self.sorted.iter_mut().zip(sort_values(r)) {

@@ -1,6 +1,8 @@
 //! The state and the only code that changes it: [`State::apply_effect`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
+
+use imbl::{HashMap as ImHashMap, OrdMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -39,14 +41,17 @@ pub(crate) enum Evictable {
 /// indexes the state machine keeps for expiry, retention and listing.
 #[derive(Debug, Clone, Default)]
 pub struct State {
-    pub(crate) tenants: BTreeMap<String, Tenant>,
-    pub(crate) api_keys: BTreeMap<String, ApiKey>,
-    pub(crate) key_by_digest: HashMap<[u8; 32], String>,
-    pub(crate) budgets: BTreeMap<BudgetKey, Budget>,
+    // The persistent part lives in persistent (structurally shared) maps, so a consistent
+    // copy for a snapshot costs O(1) on the ledger thread; the indexes below are rebuilt on
+    // load and use ordinary collections.
+    pub(crate) tenants: OrdMap<String, Tenant>,
+    pub(crate) api_keys: OrdMap<String, ApiKey>,
+    pub(crate) key_by_digest: ImHashMap<[u8; 32], String>,
+    pub(crate) budgets: OrdMap<BudgetKey, Budget>,
     /// Policies by (tenant, policy id).
-    pub(crate) policies: BTreeMap<(String, String), Policy>,
-    pub(crate) reservations: HashMap<String, Reservation>,
-    pub(crate) idempotency: HashMap<IdemKey, IdemRecord>,
+    pub(crate) policies: OrdMap<(String, String), Policy>,
+    pub(crate) reservations: ImHashMap<String, Reservation>,
+    pub(crate) idempotency: ImHashMap<IdemKey, IdemRecord>,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
     pub(crate) expiry_index: BTreeSet<(Millis, String)>,
     /// Per-tenant listing orders.
@@ -64,6 +69,34 @@ pub struct SnapshotData {
     pub policies: Vec<Policy>,
     pub reservations: Vec<Reservation>,
     pub idempotency: Vec<(IdemKey, IdemRecord)>,
+}
+
+/// A frozen view of the persistent state (see [`State::snapshot_source`]).
+#[derive(Debug, Clone)]
+pub struct SnapshotSource {
+    tenants: OrdMap<String, Tenant>,
+    api_keys: OrdMap<String, ApiKey>,
+    budgets: OrdMap<BudgetKey, Budget>,
+    policies: OrdMap<(String, String), Policy>,
+    reservations: ImHashMap<String, Reservation>,
+    idempotency: ImHashMap<IdemKey, IdemRecord>,
+}
+
+impl SnapshotSource {
+    pub fn into_data(self) -> SnapshotData {
+        SnapshotData {
+            tenants: self.tenants.values().cloned().collect(),
+            api_keys: self.api_keys.values().cloned().collect(),
+            budgets: self.budgets.values().cloned().collect(),
+            policies: self.policies.values().cloned().collect(),
+            reservations: self.reservations.values().cloned().collect(),
+            idempotency: self
+                .idempotency
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// A broken rule found by [`State::verify`].
@@ -194,20 +227,23 @@ impl State {
         }
     }
 
-    /// The persistent part of the state (a consistent copy for a snapshot).
-    pub fn to_snapshot(&self) -> SnapshotData {
-        SnapshotData {
-            tenants: self.tenants.values().cloned().collect(),
-            api_keys: self.api_keys.values().cloned().collect(),
-            budgets: self.budgets.values().cloned().collect(),
-            policies: self.policies.values().cloned().collect(),
-            reservations: self.reservations.values().cloned().collect(),
-            idempotency: self
-                .idempotency
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+    /// A consistent copy of the persistent part of the state, in O(1): the maps are shared
+    /// until either side changes. Turning it into [`SnapshotData`] is the expensive part and
+    /// can happen on another thread.
+    pub fn snapshot_source(&self) -> SnapshotSource {
+        SnapshotSource {
+            tenants: self.tenants.clone(),
+            api_keys: self.api_keys.clone(),
+            budgets: self.budgets.clone(),
+            policies: self.policies.clone(),
+            reservations: self.reservations.clone(),
+            idempotency: self.idempotency.clone(),
         }
+    }
+
+    /// The persistent part of the state.
+    pub fn to_snapshot(&self) -> SnapshotData {
+        self.snapshot_source().into_data()
     }
 
     /// Rebuilds a state (indexes included) from a snapshot.
@@ -225,12 +261,39 @@ impl State {
         for p in data.policies {
             state.apply_effect(&Effect::PutPolicy(p));
         }
-        for r in data.reservations {
-            state.put_reservation(&r);
+        // Reservations and idempotency records can number millions: build their maps and
+        // ordered indexes in bulk rather than one effect at a time.
+        let mut expiry = Vec::new();
+        let mut retention = Vec::new();
+        let mut per_tenant: HashMap<&str, Vec<&Reservation>> = HashMap::new();
+        for r in &data.reservations {
+            per_tenant.entry(&r.tenant_id).or_default().push(r);
+            let id = r.reservation_id.clone();
+            match terminal_time(r) {
+                None => expiry.push((r.settle_deadline(), id)),
+                Some(at) => retention.push((
+                    at.saturating_add(TERMINAL_RETENTION_MS),
+                    Evictable::Reservation(id),
+                )),
+            }
         }
-        for (k, v) in data.idempotency {
-            state.apply_effect(&Effect::PutIdempotency(k, Box::new(v)));
-        }
+        state.list_index = per_tenant
+            .into_iter()
+            .map(|(tenant, rows)| (tenant.to_string(), ListIndex::build(rows.into_iter())))
+            .collect();
+        retention.extend(
+            data.idempotency
+                .iter()
+                .map(|(k, v)| (v.expires_at_ms, Evictable::Idempotency(k.clone()))),
+        );
+        state.expiry_index = expiry.into_iter().collect();
+        state.retention_index = retention.into_iter().collect();
+        state.reservations = data
+            .reservations
+            .into_iter()
+            .map(|r| (r.reservation_id.clone(), r))
+            .collect();
+        state.idempotency = data.idempotency.into_iter().collect();
         state
     }
 

@@ -491,7 +491,8 @@ impl LedgerThread {
             return;
         }
         let started = Instant::now();
-        let data = self.state.to_snapshot();
+        // O(1): the persistent maps are shared; the copy-out happens on the snapshot thread.
+        let source = self.state.snapshot_source();
         let seq = self.next_seq - 1;
         if let Err(e) = journal.rotate(self.next_seq) {
             self.fail(format!("journal rotation: {e}"));
@@ -507,7 +508,7 @@ impl LedgerThread {
         self.snapshot = thread::Builder::new()
             .name("cycles-snapshot".into())
             .spawn(move || {
-                snapshot::write_snapshot(&dir, seq, &data)?;
+                snapshot::write_snapshot(&dir, seq, &source.into_data())?;
                 snapshot::prune(&dir, seq)
             })
             .ok();
