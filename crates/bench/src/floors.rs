@@ -18,9 +18,14 @@ pub async fn health(conn: &mut Conn) -> anyhow::Result<()> {
 }
 
 /// `warmup + iterations` appends of 4 KiB, each followed by `fdatasync`, on a temporary
-/// file inside `dir`; the timings of the last `iterations`. Blocking: run it off the
-/// runtime.
+/// file inside `dir` (or its nearest existing ancestor: a memory-only server creates no
+/// data directory, and the file system is what matters); the timings of the last
+/// `iterations`. Blocking: run it off the runtime.
 pub fn fdatasync(dir: &Path, warmup: usize, iterations: usize) -> anyhow::Result<Vec<Duration>> {
+    let dir = dir
+        .ancestors()
+        .find(|d| d.is_dir())
+        .unwrap_or(Path::new("."));
     let mut file = tempfile::Builder::new()
         .prefix(".cycles-bench-fsync-")
         .tempfile_in(dir)
@@ -145,5 +150,7 @@ mod tests {
         let t = fdatasync(dir.path(), 2, 5).unwrap();
         assert_eq!(t.len(), 5);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let missing = dir.path().join("not/yet");
+        assert_eq!(fdatasync(&missing, 0, 1).unwrap().len(), 1);
     }
 }

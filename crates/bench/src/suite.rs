@@ -251,7 +251,7 @@ impl Suite {
 
     // ---- floors ----
 
-    async fn floors(&mut self, _trial: usize) -> anyhow::Result<()> {
+    async fn floors(&mut self, trial: usize) -> anyhow::Result<()> {
         let (w, n) = (self.cfg.method.warmup, self.cfg.method.iterations);
         let mut conn = Conn::new(&self.target, None);
         conn.connect().await?;
@@ -269,7 +269,7 @@ impl Suite {
                 .context("fdatasync probe")??;
             let sample = Sample::from_timings(&timings, 0);
             self.floor_line(CaseMeta::new(FSYNC_FLOOR, Class::Floor, 0, 1), sample, None);
-        } else if _trial == 1 {
+        } else if trial == 1 {
             self.notes
                 .push("fdatasync floor: n/a (no --data-dir)".into());
         }
