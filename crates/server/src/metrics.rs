@@ -2,13 +2,13 @@
 //! the store's counters, process memory and (with the `alloc-count` feature) heap
 //! allocations.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -22,36 +22,69 @@ struct RouteStats {
     seconds: f64,
 }
 
-/// Request counters, keyed by (method, route template, status).
+/// Request counters: route template → (method, status) → stats. Recording a request that
+/// was seen before allocates nothing.
 #[derive(Default)]
 pub struct HttpMetrics {
-    routes: Mutex<BTreeMap<(String, String, u16), RouteStats>>,
+    routes: Mutex<HashMap<String, PerRoute>>,
 }
 
+/// One route's stats by (method, status).
+type PerRoute = HashMap<(&'static str, u16), RouteStats>;
+
 impl HttpMetrics {
-    fn record(&self, method: &str, route: &str, status: u16, seconds: f64) {
-        if let Ok(mut routes) = self.routes.lock() {
-            let s = routes
-                .entry((method.to_string(), route.to_string(), status))
-                .or_default();
+    fn record(&self, method: &'static str, route: &str, status: u16, seconds: f64) {
+        let Ok(mut routes) = self.routes.lock() else {
+            return;
+        };
+        if !routes.contains_key(route) {
+            routes.insert(route.to_string(), HashMap::new());
+        }
+        if let Some(per_route) = routes.get_mut(route) {
+            let s = per_route.entry((method, status)).or_default();
             s.count += 1;
             s.seconds += seconds;
         }
+    }
+
+    /// Every series, sorted by (method, route, status) for a stable exposition.
+    fn series(&self) -> BTreeMap<(&'static str, String, u16), (u64, f64)> {
+        let Ok(routes) = self.routes.lock() else {
+            return BTreeMap::new();
+        };
+        routes
+            .iter()
+            .flat_map(|(route, per_route)| {
+                per_route.iter().map(move |((m, status), s)| {
+                    ((*m, route.clone(), *status), (s.count, s.seconds))
+                })
+            })
+            .collect()
+    }
+}
+
+fn method_name(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PATCH => "PATCH",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "OTHER",
     }
 }
 
 pub async fn layer(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().to_string();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_string();
+    let method = method_name(request.method());
+    // A clone of the matched path shares its string: no allocation.
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let response = next.run(request).await;
     app.http_metrics().record(
-        &method,
-        &route,
+        method,
+        route.as_ref().map_or("unmatched", |p| p.as_str()),
         response.status().as_u16(),
         started.elapsed().as_secs_f64(),
     );
@@ -79,19 +112,20 @@ fn gauge(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::
 /// Renders every metric.
 fn render(app: &App) -> String {
     let mut out = String::new();
-    if let Ok(routes) = app.http_metrics().routes.lock() {
-        out.push_str("# HELP cycles_http_requests_total HTTP requests answered.\n# TYPE cycles_http_requests_total counter\n");
-        for ((m, r, s), v) in routes.iter() {
-            let _ = writeln!(
-                out,
-                "cycles_http_requests_total{{method=\"{m}\",route=\"{r}\",status=\"{s}\"}} {}",
-                v.count
-            );
-        }
-        out.push_str("# HELP cycles_http_request_seconds_total Time spent answering, by route.\n# TYPE cycles_http_request_seconds_total counter\n");
-        for ((m, r, s), v) in routes.iter() {
-            let _ = writeln!(out, "cycles_http_request_seconds_total{{method=\"{m}\",route=\"{r}\",status=\"{s}\"}} {:.6}", v.seconds);
-        }
+    let series = app.http_metrics().series();
+    out.push_str("# HELP cycles_http_requests_total HTTP requests answered.\n# TYPE cycles_http_requests_total counter\n");
+    for ((m, r, s), (count, _)) in &series {
+        let _ = writeln!(
+            out,
+            "cycles_http_requests_total{{method=\"{m}\",route=\"{r}\",status=\"{s}\"}} {count}"
+        );
+    }
+    out.push_str("# HELP cycles_http_request_seconds_total Time spent answering, by route.\n# TYPE cycles_http_request_seconds_total counter\n");
+    for ((m, r, s), (_, seconds)) in &series {
+        let _ = writeln!(
+            out,
+            "cycles_http_request_seconds_total{{method=\"{m}\",route=\"{r}\",status=\"{s}\"}} {seconds:.6}"
+        );
     }
     for m in app.store().metrics() {
         let kind = if m.counter { "counter" } else { "gauge" };
