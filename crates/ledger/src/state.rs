@@ -82,6 +82,59 @@ pub struct SnapshotSource {
     idempotency: ImHashMap<IdemKey, IdemRecord>,
 }
 
+/// Serializes exactly as [`SnapshotData`] does (the same fields, in the same order), straight
+/// from the shared maps: a snapshot is streamed to disk without a second copy of the state.
+impl Serialize for SnapshotSource {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("SnapshotData", 6)?;
+        s.serialize_field(
+            "tenants",
+            &Seq(self.tenants.len(), || self.tenants.values()),
+        )?;
+        s.serialize_field(
+            "api_keys",
+            &Seq(self.api_keys.len(), || self.api_keys.values()),
+        )?;
+        s.serialize_field(
+            "budgets",
+            &Seq(self.budgets.len(), || self.budgets.values()),
+        )?;
+        s.serialize_field(
+            "policies",
+            &Seq(self.policies.len(), || self.policies.values()),
+        )?;
+        s.serialize_field(
+            "reservations",
+            &Seq(self.reservations.len(), || self.reservations.values()),
+        )?;
+        s.serialize_field(
+            "idempotency",
+            &Seq(self.idempotency.len(), || self.idempotency.iter()),
+        )?;
+        s.end()
+    }
+}
+
+/// A sequence of known length produced by an iterator (as a `Vec` of its items would be).
+struct Seq<F>(usize, F);
+
+impl<F, I> Serialize for Seq<F>
+where
+    F: Fn() -> I,
+    I: Iterator,
+    I::Item: Serialize,
+{
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.0))?;
+        for item in (self.1)() {
+            seq.serialize_element(&item)?;
+        }
+        seq.end()
+    }
+}
+
 impl SnapshotSource {
     pub fn into_data(self) -> SnapshotData {
         SnapshotData {

@@ -460,8 +460,8 @@ impl LedgerThread {
             .is_some_and(|j| j.segment_len() > HEADER_LEN);
         if has_records && self.failed().is_none() {
             let seq = self.next_seq - 1;
-            let data = self.state.to_snapshot();
-            if let Err(e) = snapshot::write_snapshot(&self.dir, seq, &data)
+            let source = self.state.snapshot_source();
+            if let Err(e) = snapshot::write_snapshot(&self.dir, seq, &source)
                 .and_then(|_| snapshot::prune(&self.dir, seq))
             {
                 tracing::warn!(error = %e, "final snapshot failed; the journal still has everything");
@@ -491,7 +491,7 @@ impl LedgerThread {
             return;
         }
         let started = Instant::now();
-        // O(1): the persistent maps are shared; the copy-out happens on the snapshot thread.
+        // O(1): the persistent maps are shared; the snapshot thread streams them to disk.
         let source = self.state.snapshot_source();
         let seq = self.next_seq - 1;
         if let Err(e) = journal.rotate(self.next_seq) {
@@ -508,7 +508,7 @@ impl LedgerThread {
         self.snapshot = thread::Builder::new()
             .name("cycles-snapshot".into())
             .spawn(move || {
-                snapshot::write_snapshot(&dir, seq, &source.into_data())?;
+                snapshot::write_snapshot(&dir, seq, &source)?;
                 snapshot::prune(&dir, seq)
             })
             .ok();
