@@ -144,6 +144,12 @@ pub struct Include {
 }
 
 impl Include {
+    /// Every projection (a single reservation's detail).
+    pub const ALL: Include = Include {
+        metadata: true,
+        committed_metadata: true,
+    };
+
     pub fn parse(raw: Option<&str>) -> Self {
         let mut inc = Include::default();
         for token in raw.unwrap_or_default().split(',').map(str::trim) {

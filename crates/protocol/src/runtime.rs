@@ -5,13 +5,11 @@ use ledger::{
     Reservation, ReserveResult,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
-use crate::common::{balances, metadata_raw, metadata_text, Metadata};
-use crate::schema::{
-    AppliedStatus, CommittedStatus, DecisionEnum, ExtendedStatus, ReleasedStatus, ReservationStatus,
-};
+use crate::common::{balances, metadata_text, Metadata};
+use crate::listing::{Include, ReservationSummary};
+use crate::schema::{AppliedStatus, CommittedStatus, DecisionEnum, ExtendedStatus, ReleasedStatus};
 use crate::validate::{idempotency_key, max_len, non_negative, range};
 use crate::{
     fingerprint, Action, Amount, ApiError, Balance, StandardMetrics, Subject, Validate, WirePolicy,
@@ -449,51 +447,15 @@ impl From<EventResult> for EventCreateResponse {
     }
 }
 
-/// `ReservationDetail`.
+/// `ReservationDetail`: the same fields as a listing row, with every projection included.
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(transparent)]
 #[schema(description = "One reservation.")]
-pub struct ReservationDetail {
-    pub reservation_id: String,
-    #[schema(value_type = ReservationStatus)]
-    pub status: &'static str,
-    pub subject: Subject,
-    pub action: Action,
-    pub reserved: Amount,
-    pub created_at_ms: i64,
-    pub expires_at_ms: i64,
-    pub scope_path: String,
-    pub affected_scopes: Vec<String>,
-    pub idempotency_key: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub committed: Option<Amount>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finalized_at_ms: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<Box<RawValue>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub committed_metadata: Option<Box<RawValue>>,
-}
+pub struct ReservationDetail(pub ReservationSummary);
 
 impl From<&Reservation> for ReservationDetail {
     fn from(r: &Reservation) -> Self {
-        ReservationDetail {
-            reservation_id: r.reservation_id.clone(),
-            status: r.status.as_str(),
-            subject: Subject::from(&r.subject),
-            action: Action::from(&r.action),
-            reserved: Amount::new(r.unit, r.estimate),
-            created_at_ms: r.created_at_ms,
-            expires_at_ms: r.expires_at_ms,
-            scope_path: r.scope_path.clone(),
-            affected_scopes: r.affected_scopes.clone(),
-            idempotency_key: r.idempotency_key.clone(),
-            committed: r.charged.map(|c| Amount::new(r.unit, c)),
-            finalized_at_ms: r.finalized_at_ms,
-            metadata: metadata_raw(&r.metadata),
-            committed_metadata: metadata_raw(&r.committed_metadata),
-        }
+        ReservationDetail(ReservationSummary::new(r, Include::ALL))
     }
 }
 
