@@ -76,7 +76,7 @@ type Entry = (SortValue, Arc<str>);
 
 /// The six orders of one tenant's reservations, plus ACTIVE/… partitions by creation time
 /// (so "find stuck ACTIVE reservations" does not scan the finished ones).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ListIndex {
     sorted: [BTreeSet<Entry>; 6],
     by_status_created: BTreeSet<(u8, i64, Arc<str>)>,
@@ -88,14 +88,31 @@ fn status_rank(s: ReservationStatus) -> u8 {
 
 /// The sort value of `r` under each index, in index order.
 fn sort_values(r: &Reservation) -> [SortValue; 6] {
-    [
-        SortValue::Text(r.reservation_id.clone()),
-        SortValue::Text(r.scope_path.clone()),
-        SortValue::Int(i64::from(status_rank(r.status))),
-        SortValue::Int(r.estimate),
-        SortValue::Int(r.created_at_ms),
-        SortValue::Int(r.expires_at_ms),
-    ]
+    std::array::from_fn(|order| sort_value(r, order))
+}
+
+/// The sort value of `r` under index `order` (see [`SortBy::index`]).
+fn sort_value(r: &Reservation, order: usize) -> SortValue {
+    match order {
+        0 => SortValue::Text(r.reservation_id.clone()),
+        1 => SortValue::Text(r.scope_path.clone()),
+        2 => SortValue::Int(i64::from(status_rank(r.status))),
+        3 => SortValue::Int(r.estimate),
+        4 => SortValue::Int(r.created_at_ms),
+        _ => SortValue::Int(r.expires_at_ms),
+    }
+}
+
+/// Whether `a` and `b` sort alike under index `order`, compared without copying.
+fn same_sort_value(a: &Reservation, b: &Reservation, order: usize) -> bool {
+    match order {
+        0 => a.reservation_id == b.reservation_id,
+        1 => a.scope_path == b.scope_path,
+        2 => a.status == b.status,
+        3 => a.estimate == b.estimate,
+        4 => a.created_at_ms == b.created_at_ms,
+        _ => a.expires_at_ms == b.expires_at_ms,
+    }
 }
 
 impl ListIndex {
@@ -133,6 +150,27 @@ impl ListIndex {
         }
         self.by_status_created
             .remove(&(status_rank(r.status), r.created_at_ms, id));
+    }
+
+    /// Moves `old` to where `new` (the same reservation, changed) belongs, touching only
+    /// the orders whose value changed.
+    pub(crate) fn update(&mut self, old: &Reservation, new: &Reservation) {
+        let id: Arc<str> = Arc::from(new.reservation_id.as_str());
+        for (order, set) in self.sorted.iter_mut().enumerate() {
+            if !same_sort_value(old, new, order) {
+                set.remove(&(sort_value(old, order), id.clone()));
+                set.insert((sort_value(new, order), id.clone()));
+            }
+        }
+        if (old.status, old.created_at_ms) != (new.status, new.created_at_ms) {
+            self.by_status_created.remove(&(
+                status_rank(old.status),
+                old.created_at_ms,
+                id.clone(),
+            ));
+            self.by_status_created
+                .insert((status_rank(new.status), new.created_at_ms, id));
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {

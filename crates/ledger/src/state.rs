@@ -232,52 +232,72 @@ impl State {
     }
 
     fn put_reservation(&mut self, r: &Reservation) {
-        if let Some(old) = self.reservations.get(&r.reservation_id).cloned() {
-            self.unindex_reservation(&old);
+        match self
+            .reservations
+            .insert(r.reservation_id.clone(), r.clone())
+        {
+            Some(old) => self.reindex_reservation(&old, r),
+            None => self.index_reservation(r),
         }
-        self.index_reservation(r);
-        self.reservations
-            .insert(r.reservation_id.clone(), r.clone());
     }
 
     fn index_reservation(&mut self, r: &Reservation) {
-        let id = r.reservation_id.clone();
         self.list_index
             .entry(r.tenant_id.clone())
             .or_default()
             .insert(r);
-        match terminal_time(r) {
-            None => {
-                self.expiry_index.insert((r.settle_deadline(), id));
-            }
-            Some(at) => {
-                self.retention_index.insert((
-                    at.saturating_add(TERMINAL_RETENTION_MS),
-                    Evictable::Reservation(id),
-                ));
-            }
-        }
+        self.add_lapse(r);
     }
 
     fn unindex_reservation(&mut self, r: &Reservation) {
-        let id = r.reservation_id.clone();
         if let Some(index) = self.list_index.get_mut(&r.tenant_id) {
             index.remove(r);
             if index.is_empty() {
                 self.list_index.remove(&r.tenant_id);
             }
         }
-        match terminal_time(r) {
-            None => {
-                self.expiry_index.remove(&(r.settle_deadline(), id));
-            }
-            Some(at) => {
-                self.retention_index.remove(&(
-                    at.saturating_add(TERMINAL_RETENTION_MS),
-                    Evictable::Reservation(id),
-                ));
-            }
+        self.remove_lapse(r);
+    }
+
+    /// Moves a changed reservation in the indexes, touching only the orders whose value
+    /// changed (a commit changes the status and the lapse time, not the other five orders).
+    fn reindex_reservation(&mut self, old: &Reservation, new: &Reservation) {
+        debug_assert_eq!(
+            old.tenant_id, new.tenant_id,
+            "a reservation never moves tenant"
+        );
+        match self.list_index.get_mut(&new.tenant_id) {
+            Some(index) => index.update(old, new),
+            None => self
+                .list_index
+                .entry(new.tenant_id.clone())
+                .or_default()
+                .insert(new),
         }
+        if Lapse::of(old) != Lapse::of(new) {
+            self.remove_lapse(old);
+            self.add_lapse(new);
+        }
+    }
+
+    fn add_lapse(&mut self, r: &Reservation) {
+        let id = r.reservation_id.clone();
+        match Lapse::of(r) {
+            Lapse::Expires(at) => self.expiry_index.insert((at, id)),
+            Lapse::Evicted(at) => self
+                .retention_index
+                .insert((at, Evictable::Reservation(id))),
+        };
+    }
+
+    fn remove_lapse(&mut self, r: &Reservation) {
+        let id = r.reservation_id.clone();
+        match Lapse::of(r) {
+            Lapse::Expires(at) => self.expiry_index.remove(&(at, id)),
+            Lapse::Evicted(at) => self
+                .retention_index
+                .remove(&(at, Evictable::Reservation(id))),
+        };
     }
 
     /// A consistent copy of the persistent part of the state, in O(1): the maps are shared
@@ -322,12 +342,9 @@ impl State {
         for r in &data.reservations {
             per_tenant.entry(&r.tenant_id).or_default().push(r);
             let id = r.reservation_id.clone();
-            match terminal_time(r) {
-                None => expiry.push((r.settle_deadline(), id)),
-                Some(at) => retention.push((
-                    at.saturating_add(TERMINAL_RETENTION_MS),
-                    Evictable::Reservation(id),
-                )),
+            match Lapse::of(r) {
+                Lapse::Expires(at) => expiry.push((at, id)),
+                Lapse::Evicted(at) => retention.push((at, Evictable::Reservation(id))),
             }
         }
         state.list_index = per_tenant
@@ -351,9 +368,19 @@ impl State {
     }
 
     /// Checks the ledger's rules on the whole state: the balance invariant on every budget,
-    /// and that each budget's `reserved` equals the holds of its ACTIVE reservations.
+    /// that each budget's `reserved` equals the holds of its ACTIVE reservations, and that
+    /// the ordered indexes (kept incrementally) equal indexes rebuilt from scratch.
     pub fn verify(&self) -> Vec<Violation> {
         let mut violations = Vec::new();
+        let rebuilt = State::from_snapshot(self.to_snapshot());
+        if rebuilt.list_index != self.list_index
+            || rebuilt.expiry_index != self.expiry_index
+            || rebuilt.retention_index != self.retention_index
+        {
+            violations.push(Violation(
+                "the ordered indexes differ from indexes rebuilt from the rows".into(),
+            ));
+        }
         let mut holds: HashMap<BudgetKey, i64> = HashMap::new();
         for r in self.reservations.values() {
             if r.status != ReservationStatus::Active {
@@ -390,6 +417,23 @@ impl State {
             )));
         }
         violations
+    }
+}
+
+/// When a reservation next needs the ledger's attention: an ACTIVE one expires at its
+/// settle deadline; a finished one is evicted when its retention ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lapse {
+    Expires(Millis),
+    Evicted(Millis),
+}
+
+impl Lapse {
+    fn of(r: &Reservation) -> Lapse {
+        match terminal_time(r) {
+            None => Lapse::Expires(r.settle_deadline()),
+            Some(at) => Lapse::Evicted(at.saturating_add(TERMINAL_RETENTION_MS)),
+        }
     }
 }
 
