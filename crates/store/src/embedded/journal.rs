@@ -30,11 +30,31 @@ pub struct JournalRecord {
     pub effects: Vec<Effect>,
 }
 
-/// Appends records to the current segment; [`JournalWriter::commit`] makes them durable.
+/// Appends a record's frame to `out` (the length and checksum are patched in after the
+/// payload is encoded in place, so encoding allocates nothing of its own).
+pub fn encode_record(record: &JournalRecord, out: &mut Vec<u8>) -> io::Result<()> {
+    let frame_start = out.len();
+    out.extend_from_slice(&[0; FRAME_HEADER_LEN]);
+    if let Err(e) = postcard::to_io(record, &mut *out) {
+        out.truncate(frame_start);
+        return Err(io::Error::other(format!("journal encode: {e}")));
+    }
+    let payload_len = out.len() - frame_start - FRAME_HEADER_LEN;
+    if payload_len > MAX_RECORD_BYTES {
+        out.truncate(frame_start);
+        return Err(io::Error::other("journal record exceeds the maximum size"));
+    }
+    let crc = crc32c::crc32c(&out[frame_start + FRAME_HEADER_LEN..]);
+    let len = u32::try_from(payload_len).map_err(io::Error::other)?;
+    out[frame_start..frame_start + 4].copy_from_slice(&len.to_le_bytes());
+    out[frame_start + 4..frame_start + FRAME_HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// The current segment, open for appending encoded frames.
 pub struct JournalWriter {
     dir: PathBuf,
     file: File,
-    buf: Vec<u8>,
     segment_len: u64,
 }
 
@@ -55,7 +75,6 @@ impl JournalWriter {
         Ok(JournalWriter {
             dir: dir.to_path_buf(),
             file,
-            buf: Vec::new(),
             segment_len: HEADER_LEN,
         })
     }
@@ -66,43 +85,16 @@ impl JournalWriter {
         Ok(JournalWriter {
             dir: dir.to_path_buf(),
             file,
-            buf: Vec::new(),
             segment_len: len,
         })
     }
 
-    /// Buffers one record. Nothing is durable until `commit`.
-    pub fn append(&mut self, record: &JournalRecord) -> io::Result<()> {
-        let payload = postcard::to_stdvec(record)
-            .map_err(|e| io::Error::other(format!("journal encode: {e}")))?;
-        if payload.len() > MAX_RECORD_BYTES {
-            return Err(io::Error::other("journal record exceeds the maximum size"));
-        }
-        let len = u32::try_from(payload.len()).map_err(io::Error::other)?;
-        self.buf.extend_from_slice(&len.to_le_bytes());
-        self.buf
-            .extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-        self.buf.extend_from_slice(&payload);
+    /// One write and one `fdatasync` for a run of frames from [`encode_record`].
+    pub fn write_durable(&mut self, frames: &[u8]) -> io::Result<()> {
+        self.file.write_all(frames)?;
+        self.file.sync_data()?;
+        self.segment_len += frames.len() as u64;
         Ok(())
-    }
-
-    pub fn has_pending(&self) -> bool {
-        !self.buf.is_empty()
-    }
-
-    /// One write and one `fdatasync` for everything buffered; returns the bytes written.
-    pub fn commit(&mut self, sync: bool) -> io::Result<u64> {
-        if self.buf.is_empty() {
-            return Ok(0);
-        }
-        self.file.write_all(&self.buf)?;
-        if sync {
-            self.file.sync_data()?;
-        }
-        let written = self.buf.len() as u64;
-        self.segment_len += written;
-        self.buf.clear();
-        Ok(written)
     }
 
     pub fn segment_len(&self) -> u64 {
@@ -111,7 +103,6 @@ impl JournalWriter {
 
     /// Closes this segment and starts the next one at `next_seq`.
     pub fn rotate(&mut self, next_seq: u64) -> io::Result<()> {
-        debug_assert!(self.buf.is_empty(), "rotate with uncommitted records");
         *self = JournalWriter::create(&self.dir, next_seq)?;
         Ok(())
     }

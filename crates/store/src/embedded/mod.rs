@@ -1,32 +1,31 @@
-//! The embedded engine: one ledger thread owns the state; handlers send it commands over a
-//! bounded queue. It applies them in batches, appends their effects to the journal with one
-//! write and one `fdatasync` per batch, and only then replies. Snapshots are written in the
+//! The embedded engine: the state lives in memory behind one ledger lock; each command is
+//! applied on the thread of the request that brought it, its effects appended to the
+//! journal buffer, and a group commit (one write + one `fdatasync` for everything pending)
+//! makes them durable before the reply (see [`commit`]). Snapshots are written in the
 //! background and let older journal segments go.
 
+mod commit;
 mod files;
 pub mod journal;
 mod recovery;
 pub mod snapshot;
+mod waiters;
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
-use std::time::Instant;
 
-use ledger::{apply, Command, Effect, State};
-use tokio::sync::{mpsc, oneshot};
+use ledger::{Command, State};
 
 use crate::{BoxFuture, Clock, Health, Metric, Reply, Store, StoreError};
-use journal::{JournalRecord, JournalWriter, HEADER_LEN};
+use commit::{Counters, Ledger, Shared, Syncer};
+use journal::{JournalWriter, HEADER_LEN};
 pub use recovery::{recover, Recovered};
+use waiters::Waiters;
 
-/// Commands waiting for the ledger thread. Senders wait when it is full (back-pressure).
-pub const DEFAULT_QUEUE_CAPACITY: usize = 16_384;
-/// Commands applied per journal write.
-pub const DEFAULT_MAX_BATCH: usize = 1_024;
 /// Journal bytes after which a snapshot is taken and older segments are dropped.
 pub const DEFAULT_SNAPSHOT_AFTER_BYTES: u64 = 256 << 20;
 
@@ -52,8 +51,6 @@ impl Durability {
 pub struct EmbeddedConfig {
     pub data_dir: PathBuf,
     pub durability: Durability,
-    pub queue_capacity: usize,
-    pub max_batch: usize,
     pub snapshot_after_bytes: u64,
     pub clock: Arc<dyn Clock>,
 }
@@ -67,8 +64,6 @@ impl EmbeddedConfig {
         EmbeddedConfig {
             data_dir: data_dir.into(),
             durability,
-            queue_capacity: DEFAULT_QUEUE_CAPACITY,
-            max_batch: DEFAULT_MAX_BATCH,
             snapshot_after_bytes: DEFAULT_SNAPSHOT_AFTER_BYTES,
             clock,
         }
@@ -85,80 +80,67 @@ pub struct OpenReport {
     pub reservations: usize,
 }
 
-// Nearly every request is `Apply`; boxing the command would cost an allocation each.
-#[allow(clippy::large_enum_variant)]
-enum Request {
-    Apply {
-        command: Command,
-        reply: oneshot::Sender<Result<Reply, StoreError>>,
-    },
-    Shutdown(oneshot::Sender<()>),
-}
-
-/// Counters shared between the ledger thread and `/metrics`.
-#[derive(Debug, Default)]
-struct Counters {
-    commands: AtomicU64,
-    batches: AtomicU64,
-    syncs: AtomicU64,
-    journal_bytes: AtomicU64,
-    snapshots: AtomicU64,
-    reservations: AtomicU64,
-    budgets: AtomicU64,
-}
-
-/// Set once the journal cannot be written: from then on every command is refused.
-type Failure = Arc<Mutex<Option<String>>>;
-
 pub struct EmbeddedStore {
-    tx: mpsc::Sender<Request>,
-    counters: Arc<Counters>,
-    failure: Failure,
+    shared: Arc<Shared>,
     durability: Durability,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The group-commit thread (strict mode).
+    syncer: Mutex<Option<JoinHandle<()>>>,
     /// Held for the store's lifetime so that two processes never share a data directory.
     _lock: Option<File>,
 }
 
 impl EmbeddedStore {
     pub fn open(config: EmbeddedConfig) -> io::Result<(Self, OpenReport)> {
-        let (state, journal, lock, report) = match config.durability {
+        let (state, syncer, lock, report) = match config.durability {
             Durability::None => (State::new(), None, None, OpenReport::default()),
             Durability::Strict => {
                 let (state, journal, lock, report) = open_durable(&config.data_dir)?;
-                (state, Some(journal), Some(lock), report)
+                let syncer = Syncer {
+                    journal,
+                    spare: Vec::new(),
+                    dir: config.data_dir,
+                    snapshot_after_bytes: config.snapshot_after_bytes,
+                    snapshot: None,
+                };
+                (state, Some(syncer), Some(lock), report)
             }
         };
-        let failure: Failure = Arc::default();
-        let counters: Arc<Counters> = Arc::default();
-        let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
-        let ledger = LedgerThread {
-            state,
-            journal,
-            next_seq: report.last_seq + 1,
-            last_now: i64::MIN,
+        let shared = Shared {
+            ledger: Mutex::new(Ledger {
+                state,
+                last_now: i64::MIN,
+                next_seq: report.last_seq + 1,
+                pending: Vec::new(),
+                journaled: syncer.is_some(),
+                closed: false,
+                final_snapshot: false,
+            }),
+            work: Condvar::new(),
+            durable_seq: AtomicU64::new(report.last_seq),
+            waiters: Waiters::default(),
+            failure: OnceLock::new(),
+            counters: Counters::default(),
             clock: config.clock,
-            failure: failure.clone(),
-            counters: counters.clone(),
-            dir: config.data_dir,
-            max_batch: config.max_batch.max(1),
-            snapshot_after_bytes: config.snapshot_after_bytes,
-            snapshot: None,
         };
-        let thread = thread::Builder::new()
-            .name("cycles-ledger".into())
-            .spawn(move || ledger.run(rx))?;
-        Ok((
-            EmbeddedStore {
-                tx,
-                counters,
-                failure,
-                durability: config.durability,
-                thread: Mutex::new(Some(thread)),
-                _lock: lock,
-            },
-            report,
-        ))
+        let shared = Arc::new(shared);
+        let thread = match syncer {
+            Some(syncer) => {
+                let shared = shared.clone();
+                Some(
+                    thread::Builder::new()
+                        .name("cycles-syncer".into())
+                        .spawn(move || shared.run_syncer(syncer))?,
+                )
+            }
+            None => None,
+        };
+        let store = EmbeddedStore {
+            shared,
+            durability: config.durability,
+            syncer: Mutex::new(thread),
+            _lock: lock,
+        };
+        Ok((store, report))
     }
 }
 
@@ -201,22 +183,22 @@ fn open_durable(dir: &Path) -> io::Result<(State, JournalWriter, File, OpenRepor
 impl Store for EmbeddedStore {
     fn execute(&self, command: Command) -> BoxFuture<'_, Result<Reply, StoreError>> {
         Box::pin(async move {
-            let (reply, rx) = oneshot::channel();
-            self.tx
-                .send(Request::Apply { command, reply })
-                .await
-                .map_err(|_| StoreError::ShuttingDown)?;
-            rx.await.map_err(|_| StoreError::ShuttingDown)?
+            let (reply, wait) = self.shared.apply(command)?;
+            if let Some(seq) = wait {
+                self.shared.wait_durable(seq).await?;
+            }
+            Ok(reply)
         })
     }
 
     fn health(&self) -> Health {
-        match self.failure.lock().ok().and_then(|f| f.clone()) {
+        let closed = self.shared.ledger.lock().map_or(true, |l| l.closed);
+        match self.shared.failure.get() {
             Some(why) => Health {
                 ready: false,
                 detail: format!("journal unavailable: {why}"),
             },
-            None if self.tx.is_closed() => Health {
+            None if closed => Health {
                 ready: false,
                 detail: "shutting down".into(),
             },
@@ -228,27 +210,26 @@ impl Store for EmbeddedStore {
     }
 
     fn metrics(&self) -> Vec<Metric> {
-        let c = &self.counters;
+        let c = &self.shared.counters;
         let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let queued = (self.tx.max_capacity() - self.tx.capacity()) as u64;
         vec![
             metric(
                 "cycles_store_commands_total",
-                "Commands applied by the ledger thread.",
+                "Commands applied to the ledger.",
                 true,
                 get(&c.commands),
             ),
             metric(
                 "cycles_store_batches_total",
-                "Batches applied (one journal write each).",
+                "Group commits: journal writes, each covering one or more commands.",
                 true,
                 get(&c.batches),
             ),
             metric(
                 "cycles_journal_syncs_total",
-                "fdatasync calls on the journal.",
+                "fdatasync calls on the journal (one per group commit).",
                 true,
-                get(&c.syncs),
+                get(&c.batches),
             ),
             metric(
                 "cycles_journal_bytes_total",
@@ -263,10 +244,10 @@ impl Store for EmbeddedStore {
                 get(&c.snapshots),
             ),
             metric(
-                "cycles_store_queue_depth",
-                "Commands waiting for the ledger thread.",
+                "cycles_store_waiting_for_sync",
+                "Requests applied and waiting for their journal records to be durable.",
                 false,
-                queued,
+                self.shared.waiters.len() as u64,
             ),
             metric(
                 "cycles_reservations",
@@ -280,15 +261,24 @@ impl Store for EmbeddedStore {
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let (done, rx) = oneshot::channel();
-            if self.tx.send(Request::Shutdown(done)).await.is_ok() {
-                let _ = rx.await;
-            }
-            let handle = self.thread.lock().ok().and_then(|mut t| t.take());
-            if let Some(handle) = handle {
-                let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+            self.shared.close(true);
+            let thread = self.syncer.lock().ok().and_then(|mut t| t.take());
+            if let Some(thread) = thread {
+                // The last sync and the final snapshot: blocking work.
+                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
             }
         })
+    }
+}
+
+impl Drop for EmbeddedStore {
+    /// A store dropped without `shutdown` stops like a crash would (no final snapshot), but
+    /// its syncer has finished before the data directory's lock is released.
+    fn drop(&mut self) {
+        self.shared.close(false);
+        if let Some(thread) = self.syncer.get_mut().ok().and_then(Option::take) {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -298,220 +288,6 @@ fn metric(name: &'static str, help: &'static str, counter: bool, value: u64) -> 
         help,
         counter,
         value,
-    }
-}
-
-struct LedgerThread {
-    state: State,
-    journal: Option<JournalWriter>,
-    next_seq: u64,
-    last_now: i64,
-    clock: Arc<dyn Clock>,
-    failure: Failure,
-    counters: Arc<Counters>,
-    dir: PathBuf,
-    max_batch: usize,
-    snapshot_after_bytes: u64,
-    snapshot: Option<JoinHandle<io::Result<()>>>,
-}
-
-type Pending = (oneshot::Sender<Result<Reply, StoreError>>, Reply);
-
-impl LedgerThread {
-    fn run(mut self, mut rx: mpsc::Receiver<Request>) {
-        let mut batch = Vec::with_capacity(self.max_batch);
-        let mut pending: Vec<Pending> = Vec::with_capacity(self.max_batch);
-        while let Some(first) = rx.blocking_recv() {
-            batch.push(first);
-            while batch.len() < self.max_batch {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
-            self.counters.batches.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .commands
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-            let mut shutdown = None;
-            for request in batch.drain(..) {
-                match request {
-                    Request::Apply { command, reply } => {
-                        self.apply_one(command, reply, &mut pending)
-                    }
-                    Request::Shutdown(done) => shutdown = Some(done),
-                }
-            }
-            self.flush_and_reply(&mut pending);
-            self.counters
-                .reservations
-                .store(self.state.reservation_count() as u64, Ordering::Relaxed);
-            self.counters
-                .budgets
-                .store(self.state.budget_count() as u64, Ordering::Relaxed);
-            if let Some(done) = shutdown {
-                self.drain_on_shutdown(&mut rx, &mut pending);
-                let _ = done.send(());
-                return;
-            }
-            self.maybe_snapshot();
-        }
-    }
-
-    /// A monotonic "now": the wall clock may step back, the ledger's time never does.
-    fn tick(&mut self) -> i64 {
-        self.last_now = self.last_now.max(self.clock.now_ms());
-        self.last_now
-    }
-
-    fn failed(&self) -> Option<String> {
-        self.failure.lock().ok().and_then(|f| f.clone())
-    }
-
-    fn fail(&self, why: String) {
-        tracing::error!(%why, "journal write failed: refusing all commands until restart");
-        if let Ok(mut f) = self.failure.lock() {
-            f.get_or_insert(why);
-        }
-    }
-
-    fn apply_one(
-        &mut self,
-        command: Command,
-        reply: oneshot::Sender<Result<Reply, StoreError>>,
-        pending: &mut Vec<Pending>,
-    ) {
-        if let Some(why) = self.failed() {
-            let _ = reply.send(Err(StoreError::Unavailable(why)));
-            return;
-        }
-        let now = self.tick();
-        let applied = apply(&mut self.state, command, now);
-        if !applied.effects.is_empty() {
-            if let Err(e) = self.record(now, applied.effects) {
-                self.fail(e.to_string());
-            }
-        }
-        pending.push((
-            reply,
-            Reply {
-                result: applied.result,
-                tenant: applied.tenant,
-            },
-        ));
-    }
-
-    fn record(&mut self, at_ms: i64, effects: Vec<Effect>) -> io::Result<()> {
-        let Some(journal) = &mut self.journal else {
-            return Ok(());
-        };
-        journal.append(&JournalRecord {
-            seq: self.next_seq,
-            at_ms,
-            effects,
-        })?;
-        self.next_seq += 1;
-        Ok(())
-    }
-
-    /// Makes the batch durable, then answers it. If the write fails nobody gets a success:
-    /// the in-memory state is ahead of the disk, so the store stops serving.
-    fn flush_and_reply(&mut self, pending: &mut Vec<Pending>) {
-        if let Some(journal) = &mut self.journal {
-            match journal.commit(true) {
-                Ok(0) => {}
-                Ok(bytes) => {
-                    self.counters.syncs.fetch_add(1, Ordering::Relaxed);
-                    self.counters
-                        .journal_bytes
-                        .fetch_add(bytes, Ordering::Relaxed);
-                }
-                Err(e) => self.fail(e.to_string()),
-            }
-        }
-        let failure = self.failed();
-        for (reply, result) in pending.drain(..) {
-            let _ = reply.send(match &failure {
-                Some(why) => Err(StoreError::Unavailable(why.clone())),
-                None => Ok(result),
-            });
-        }
-    }
-
-    /// Finishes what was already queued, then writes a final snapshot so the next start
-    /// replays nothing.
-    fn drain_on_shutdown(&mut self, rx: &mut mpsc::Receiver<Request>, pending: &mut Vec<Pending>) {
-        rx.close();
-        while let Ok(request) = rx.try_recv() {
-            match request {
-                Request::Apply { command, reply } => self.apply_one(command, reply, pending),
-                Request::Shutdown(done) => {
-                    let _ = done.send(());
-                }
-            }
-        }
-        self.flush_and_reply(pending);
-        if let Some(handle) = self.snapshot.take() {
-            let _ = handle.join();
-        }
-        let has_records = self
-            .journal
-            .as_ref()
-            .is_some_and(|j| j.segment_len() > HEADER_LEN);
-        if has_records && self.failed().is_none() {
-            let seq = self.next_seq - 1;
-            let source = self.state.snapshot_source();
-            if let Err(e) = snapshot::write_snapshot(&self.dir, seq, &source)
-                .and_then(|_| snapshot::prune(&self.dir, seq))
-            {
-                tracing::warn!(error = %e, "final snapshot failed; the journal still has everything");
-            }
-        }
-    }
-
-    /// Starts a background snapshot once the current journal segment is large enough.
-    fn maybe_snapshot(&mut self) {
-        if self.snapshot.as_ref().is_some_and(|h| !h.is_finished()) {
-            return;
-        }
-        if let Some(handle) = self.snapshot.take() {
-            match handle.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "snapshot failed; will retry"),
-                Err(_) => tracing::warn!("snapshot thread panicked; will retry"),
-            }
-        }
-        if self.failed().is_some() {
-            return;
-        }
-        let Some(journal) = &mut self.journal else {
-            return;
-        };
-        if journal.segment_len() < self.snapshot_after_bytes {
-            return;
-        }
-        let started = Instant::now();
-        // O(1): the persistent maps are shared; the snapshot thread streams them to disk.
-        let source = self.state.snapshot_source();
-        let seq = self.next_seq - 1;
-        if let Err(e) = journal.rotate(self.next_seq) {
-            self.fail(format!("journal rotation: {e}"));
-            return;
-        }
-        self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(
-            seq,
-            stall_ms = started.elapsed().as_millis() as u64,
-            "snapshot started"
-        );
-        let dir = self.dir.clone();
-        self.snapshot = thread::Builder::new()
-            .name("cycles-snapshot".into())
-            .spawn(move || {
-                snapshot::write_snapshot(&dir, seq, &source)?;
-                snapshot::prune(&dir, seq)
-            })
-            .ok();
     }
 }
 

@@ -1,0 +1,345 @@
+//! The ledger lock and group commit.
+//!
+//! Commands are applied in one total order under the ledger lock, on the thread of the request
+//! that brought them: no hand-off to another thread, so a request that needs no `fdatasync` (a
+//! read of durable state, or anything in memory-only mode) never waits for a wake-up. Each
+//! applied command's effects are encoded into the `pending` journal buffer under the same lock,
+//! so the buffer's order is the apply order.
+//!
+//! Durability is a group commit on the syncer thread, which does nothing but I/O: it takes
+//! *all* pending frames, writes them with one `write` + one `fdatasync`, publishes the new
+//! durable sequence number and wakes the requests it answered. Commands applied while a sync
+//! runs go together in the next one, so under load a sync covers many commands, latency stays
+//! near one `fdatasync`, and no request worker ever blocks on the disk.
+
+use std::future::Future;
+use std::io;
+use std::mem;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll};
+use std::thread::{self, JoinHandle};
+use std::time::Instant;
+
+use ledger::{apply, Command, State};
+
+use super::journal::{encode_record, JournalRecord, JournalWriter, HEADER_LEN};
+use super::snapshot;
+use super::waiters::{WaitKey, Waiters};
+use crate::{Clock, Reply, StoreError};
+
+/// Counters shared with `/metrics`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub commands: AtomicU64,
+    pub batches: AtomicU64,
+    pub journal_bytes: AtomicU64,
+    pub snapshots: AtomicU64,
+    pub reservations: AtomicU64,
+    pub budgets: AtomicU64,
+}
+
+/// Everything under the ledger lock.
+pub struct Ledger {
+    pub state: State,
+    /// The ledger's clock never steps back, even when the wall clock does.
+    pub last_now: i64,
+    /// The sequence number the next journal record gets.
+    pub next_seq: u64,
+    /// Encoded frames not yet written (strict mode only).
+    pub pending: Vec<u8>,
+    /// Whether effects are journaled (strict) or only kept in memory (none).
+    pub journaled: bool,
+    /// Set by shutdown: no command is applied after it.
+    pub closed: bool,
+    /// Whether the syncer writes a snapshot once it has synced the last round.
+    pub final_snapshot: bool,
+}
+
+/// The journal file and the background snapshot: owned by the syncer thread.
+pub struct Syncer {
+    pub journal: JournalWriter,
+    /// The previous round's buffer, swapped with `Ledger::pending` so neither reallocates.
+    pub spare: Vec<u8>,
+    pub dir: PathBuf,
+    pub snapshot_after_bytes: u64,
+    pub snapshot: Option<JoinHandle<io::Result<()>>>,
+}
+
+pub struct Shared {
+    pub ledger: Mutex<Ledger>,
+    /// Signalled when `pending` goes from empty to non-empty, and on shutdown.
+    pub work: Condvar,
+    /// Every journal record up to this sequence number is on disk.
+    pub durable_seq: AtomicU64,
+    /// Requests waiting for a sync.
+    pub waiters: Waiters,
+    /// Set once the journal cannot be written: from then on every command is refused, since
+    /// the memory is ahead of the disk.
+    pub failure: OnceLock<String>,
+    pub counters: Counters,
+    pub clock: Arc<dyn Clock>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> Result<MutexGuard<'_, T>, StoreError> {
+    mutex
+        .lock()
+        .map_err(|_| StoreError::Unavailable("the ledger panicked; restart the server".into()))
+}
+
+impl Shared {
+    fn unavailable(&self) -> Option<StoreError> {
+        self.failure
+            .get()
+            .map(|why| StoreError::Unavailable(why.clone()))
+    }
+
+    fn fail(&self, why: String) {
+        tracing::error!(%why, "journal write failed: refusing all commands until restart");
+        let _ = self.failure.set(why);
+        self.waiters.wake_all();
+    }
+
+    /// Applies a command and returns its reply with the journal sequence number that must be
+    /// durable before the reply may be sent (`None`: nothing to wait for).
+    pub fn apply(&self, command: Command) -> Result<(Reply, Option<u64>), StoreError> {
+        let mut ledger = lock(&self.ledger)?;
+        if ledger.closed {
+            return Err(StoreError::ShuttingDown);
+        }
+        if let Some(refused) = self.unavailable() {
+            return Err(refused);
+        }
+        let now = self.clock.now_ms().max(ledger.last_now);
+        ledger.last_now = now;
+        let applied = apply(&mut ledger.state, command, now);
+        if ledger.journaled && !applied.effects.is_empty() {
+            let record = JournalRecord {
+                seq: ledger.next_seq,
+                at_ms: now,
+                effects: applied.effects,
+            };
+            let was_idle = ledger.pending.is_empty();
+            if let Err(e) = encode_record(&record, &mut ledger.pending) {
+                // The state already changed: without its record nothing after it is safe.
+                self.fail(e.to_string());
+                return Err(StoreError::Unavailable(e.to_string()));
+            }
+            ledger.next_seq += 1;
+            if was_idle {
+                self.work.notify_one();
+            }
+        }
+        let c = &self.counters;
+        c.commands.fetch_add(1, Ordering::Relaxed);
+        c.reservations
+            .store(ledger.state.reservation_count() as u64, Ordering::Relaxed);
+        c.budgets
+            .store(ledger.state.budget_count() as u64, Ordering::Relaxed);
+        // Even a read or a refusal saw the state up to here, so it waits for that too: a
+        // reply never shows what a crash could still undo.
+        let seen = ledger.next_seq - 1;
+        let wait =
+            (ledger.journaled && self.durable_seq.load(Ordering::Acquire) < seen).then_some(seen);
+        let reply = Reply {
+            result: applied.result,
+            tenant: applied.tenant,
+        };
+        Ok((reply, wait))
+    }
+
+    /// Returns once journal record `seq` is durable.
+    pub fn wait_durable(&self, seq: u64) -> Durable<'_> {
+        Durable {
+            shared: self,
+            key: self.waiters.key(seq),
+        }
+    }
+
+    /// Refuses new commands and wakes the syncer for its last round; with `snapshot`, it
+    /// then writes a final snapshot (a store dropped without shutdown skips it, like a crash).
+    pub fn close(&self, snapshot: bool) {
+        if let Ok(mut ledger) = self.ledger.lock() {
+            ledger.closed = true;
+            ledger.final_snapshot |= snapshot;
+        }
+        self.work.notify_one();
+    }
+
+    /// The syncer thread: group commits until shutdown, then a final snapshot.
+    pub fn run_syncer(&self, mut syncer: Syncer) {
+        loop {
+            let round = match self.next_round(&mut syncer) {
+                Ok(round) => round,
+                Err(e) => {
+                    self.fail(e.to_string());
+                    return;
+                }
+            };
+            let (closing, final_snapshot) = (round.closing, round.final_snapshot);
+            if let Err(e) = self.sync(&mut syncer, round) {
+                self.fail(e.to_string());
+                return;
+            }
+            if closing {
+                self.waiters.wake_all();
+                if final_snapshot {
+                    self.final_snapshot(&mut syncer);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Waits for pending frames (or shutdown), then takes them all.
+    fn next_round(&self, syncer: &mut Syncer) -> Result<Round, StoreError> {
+        let snapshot_due = syncer.snapshot_due();
+        let mut ledger = lock(&self.ledger)?;
+        while ledger.pending.is_empty() && !ledger.closed {
+            ledger = self.work.wait(ledger).map_err(|_| {
+                StoreError::Unavailable("the ledger panicked; restart the server".into())
+            })?;
+        }
+        mem::swap(&mut ledger.pending, &mut syncer.spare);
+        let upto = ledger.next_seq - 1;
+        Ok(Round {
+            upto,
+            closing: ledger.closed,
+            final_snapshot: ledger.final_snapshot,
+            snapshot: snapshot_due.then(|| ledger.state.snapshot_source()),
+        })
+    }
+
+    /// Writes the round's frames with one `fdatasync`, publishes the durable sequence number
+    /// and wakes the requests it answered; starts a snapshot when one is due.
+    fn sync(&self, syncer: &mut Syncer, round: Round) -> io::Result<()> {
+        if !syncer.spare.is_empty() {
+            syncer.journal.write_durable(&syncer.spare)?;
+            let c = &self.counters;
+            c.batches.fetch_add(1, Ordering::Relaxed);
+            c.journal_bytes
+                .fetch_add(syncer.spare.len() as u64, Ordering::Relaxed);
+            syncer.spare.clear();
+        }
+        self.durable_seq.store(round.upto, Ordering::Release);
+        self.waiters.wake_durable(round.upto);
+        if let Some(source) = round.snapshot {
+            self.start_snapshot(syncer, round.upto, source)?;
+        }
+        Ok(())
+    }
+
+    /// Rotates the journal at `seq + 1` and writes the state as of `seq` in the background.
+    fn start_snapshot(
+        &self,
+        syncer: &mut Syncer,
+        seq: u64,
+        source: ledger::SnapshotSource,
+    ) -> io::Result<()> {
+        let started = Instant::now();
+        syncer
+            .journal
+            .rotate(seq + 1)
+            .map_err(|e| io::Error::other(format!("journal rotation: {e}")))?;
+        self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            seq,
+            rotate_ms = started.elapsed().as_millis() as u64,
+            "snapshot started"
+        );
+        let dir = syncer.dir.clone();
+        syncer.snapshot = thread::Builder::new()
+            .name("cycles-snapshot".into())
+            .spawn(move || {
+                snapshot::write_snapshot(&dir, seq, &source)?;
+                snapshot::prune(&dir, seq)
+            })
+            .ok();
+        Ok(())
+    }
+
+    /// At shutdown, after the last sync: a snapshot of everything, so the next start replays
+    /// nothing.
+    fn final_snapshot(&self, syncer: &mut Syncer) {
+        if let Some(handle) = syncer.snapshot.take() {
+            let _ = handle.join();
+        }
+        if syncer.journal.segment_len() <= HEADER_LEN {
+            return;
+        }
+        let Ok(ledger) = self.ledger.lock() else {
+            return;
+        };
+        let (seq, source) = (ledger.next_seq - 1, ledger.state.snapshot_source());
+        drop(ledger);
+        if let Err(e) = snapshot::write_snapshot(&syncer.dir, seq, &source)
+            .and_then(|_| snapshot::prune(&syncer.dir, seq))
+        {
+            tracing::warn!(error = %e, "final snapshot failed; the journal still has everything");
+        }
+    }
+}
+
+/// What one group commit covers.
+struct Round {
+    /// Every record up to this sequence number is in the round's frames (or already durable).
+    upto: u64,
+    /// Shutdown was requested: this is the last round.
+    closing: bool,
+    final_snapshot: bool,
+    /// The state as of `upto`, when a snapshot is due.
+    snapshot: Option<ledger::SnapshotSource>,
+}
+
+impl Syncer {
+    /// Whether this round should start a snapshot: the segment is large and the previous
+    /// snapshot has finished (its outcome is logged here).
+    fn snapshot_due(&mut self) -> bool {
+        if self.journal.segment_len() < self.snapshot_after_bytes {
+            return false;
+        }
+        if self.snapshot.as_ref().is_some_and(|h| !h.is_finished()) {
+            return false;
+        }
+        if let Some(handle) = self.snapshot.take() {
+            match handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "snapshot failed; will retry"),
+                Err(_) => tracing::warn!("snapshot thread panicked; will retry"),
+            }
+        }
+        true
+    }
+}
+
+/// The wait for one journal record to become durable (see [`Shared::wait_durable`]).
+pub struct Durable<'a> {
+    shared: &'a Shared,
+    key: WaitKey,
+}
+
+impl Future for Durable<'_> {
+    type Output = Result<(), StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (shared, key) = (self.shared, self.key);
+        // Registered before the checks below, so a sync that ends in between still wakes
+        // this request.
+        shared.waiters.register(key, cx.waker());
+        if shared.durable_seq.load(Ordering::Acquire) >= key.0 {
+            return Poll::Ready(Ok(()));
+        }
+        match shared.unavailable() {
+            Some(refused) => Poll::Ready(Err(refused)),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Durable<'_> {
+    fn drop(&mut self) {
+        self.shared.waiters.remove(self.key);
+    }
+}
