@@ -24,14 +24,27 @@ pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> Result<T, ApiE
         reject_nulls(&json, "")?;
         serde_path_to_error::deserialize(json).map_err(field_error)?
     } else {
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let value = serde_path_to_error::deserialize(&mut de).map_err(field_error)?;
-        de.end()
-            .map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
-        value
+        // The common case, without the path tracking; only a body that fails is parsed
+        // again with it, to name the offending field.
+        match serde_json::from_slice(body) {
+            Ok(value) => value,
+            Err(_) => return Err(located_error::<T>(body)),
+        }
     };
     value.validate()?;
     Ok(value)
+}
+
+/// The error of a body that does not parse as `T`, naming the field where it failed.
+fn located_error<T: DeserializeOwned>(body: &[u8]) -> ApiError {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Err(e) => field_error(e),
+        Ok(_) => match de.end() {
+            Err(e) => ApiError::invalid(format!("Malformed request body: {e}")),
+            Ok(()) => ApiError::invalid("Malformed request body"),
+        },
+    }
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
