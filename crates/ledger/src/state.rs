@@ -42,7 +42,7 @@ pub(crate) enum Evictable {
 #[derive(Debug, Clone, Default)]
 pub struct State {
     // The persistent part lives in persistent (structurally shared) maps, so a consistent
-    // copy for a snapshot costs O(1) on the ledger thread; the indexes below are rebuilt on
+    // copy for a snapshot costs O(1) under the ledger lock; the indexes below are rebuilt on
     // load and use ordinary collections.
     pub(crate) tenants: OrdMap<String, Tenant>,
     pub(crate) api_keys: OrdMap<String, ApiKey>,

@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use crate::app::App;
 
-/// Work done per maintenance command: bounded, so the ledger thread is never held long.
+/// Work done per maintenance command: bounded, so the ledger lock is never held long.
 const SWEEP_BATCH: usize = 1_000;
 
 pub struct Sweeper {

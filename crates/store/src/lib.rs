@@ -1,8 +1,8 @@
 //! The [`Store`] trait and its engines.
 //!
 //! A store takes high-level commands (reserve, commit, fund, …) and returns their outcomes;
-//! it never exposes get/put. That is what lets the embedded engine apply each command on one
-//! ledger thread and a Redis engine run each as one script.
+//! it never exposes get/put. That is what lets the embedded engine apply each command under
+//! one ledger lock and a Redis engine run each as one script.
 
 mod clock;
 pub mod embedded;
