@@ -701,7 +701,7 @@ async fn rotated_journal() -> Harness {
     let store = h.open(Some(4_096));
     h.drive(&store, workload(0, OPS)).await;
     drop(store);
-    // Dropping the store joined its syncer; a background snapshot may still be writing.
+    // Dropping the store joined its syncer and any snapshot it had started.
     await_quiet(h.path());
     assert!(last_segment(h.path()).0 > 1, "the journal never rotated");
     h

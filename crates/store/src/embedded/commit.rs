@@ -37,8 +37,6 @@ pub struct Counters {
     pub batches: AtomicU64,
     pub journal_bytes: AtomicU64,
     pub snapshots: AtomicU64,
-    pub reservations: AtomicU64,
-    pub budgets: AtomicU64,
 }
 
 /// Everything under the ledger lock.
@@ -132,12 +130,7 @@ impl Shared {
                 self.work.notify_one();
             }
         }
-        let c = &self.counters;
-        c.commands.fetch_add(1, Ordering::Relaxed);
-        c.reservations
-            .store(ledger.state.reservation_count() as u64, Ordering::Relaxed);
-        c.budgets
-            .store(ledger.state.budget_count() as u64, Ordering::Relaxed);
+        self.counters.commands.fetch_add(1, Ordering::Relaxed);
         // Even a read or a refusal saw the state up to here, so it waits for that too: a
         // reply never shows what a crash could still undo.
         let seen = ledger.next_seq - 1;
@@ -185,8 +178,12 @@ impl Shared {
             }
             if closing {
                 self.waiters.wake_all();
+                // A running snapshot finishes before the data directory is let go.
+                if let Some(handle) = syncer.snapshot.take() {
+                    let _ = handle.join();
+                }
                 if final_snapshot {
-                    self.final_snapshot(&mut syncer);
+                    self.final_snapshot(&syncer);
                 }
                 return;
             }
@@ -208,7 +205,8 @@ impl Shared {
             upto,
             closing: ledger.closed,
             final_snapshot: ledger.final_snapshot,
-            snapshot: snapshot_due.then(|| ledger.state.snapshot_source()),
+            // A closing round leaves the snapshot to `final_snapshot`, which follows it.
+            snapshot: (snapshot_due && !ledger.closed).then(|| ledger.state.snapshot_source()),
         })
     }
 
@@ -252,20 +250,14 @@ impl Shared {
         let dir = syncer.dir.clone();
         syncer.snapshot = thread::Builder::new()
             .name("cycles-snapshot".into())
-            .spawn(move || {
-                snapshot::write_snapshot(&dir, seq, &source)?;
-                snapshot::prune(&dir, seq)
-            })
+            .spawn(move || snapshot::write_and_prune(&dir, seq, &source))
             .ok();
         Ok(())
     }
 
     /// At shutdown, after the last sync: a snapshot of everything, so the next start replays
     /// nothing.
-    fn final_snapshot(&self, syncer: &mut Syncer) {
-        if let Some(handle) = syncer.snapshot.take() {
-            let _ = handle.join();
-        }
+    fn final_snapshot(&self, syncer: &Syncer) {
         if syncer.journal.segment_len() <= HEADER_LEN {
             return;
         }
@@ -274,9 +266,7 @@ impl Shared {
         };
         let (seq, source) = (ledger.next_seq - 1, ledger.state.snapshot_source());
         drop(ledger);
-        if let Err(e) = snapshot::write_snapshot(&syncer.dir, seq, &source)
-            .and_then(|_| snapshot::prune(&syncer.dir, seq))
-        {
+        if let Err(e) = snapshot::write_and_prune(&syncer.dir, seq, &source) {
             tracing::warn!(error = %e, "final snapshot failed; the journal still has everything");
         }
     }

@@ -90,6 +90,12 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
     Ok(postcard::from_bytes(payload).ok().map(|data| (seq, data)))
 }
 
+/// Writes a snapshot at `seq`, then deletes what it makes redundant.
+pub fn write_and_prune<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Result<()> {
+    write_snapshot(dir, seq, data)?;
+    prune(dir, seq)
+}
+
 /// Deletes what a durable snapshot at `seq` makes redundant. The previous snapshot, and the
 /// journal after it, are kept: if the newest snapshot is ever unreadable, recovery falls back
 /// to the one before it and replays the journal from there.
