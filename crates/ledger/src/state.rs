@@ -1,6 +1,7 @@
 //! The state and the only code that changes it: [`State::apply_effect`].
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use imbl::{HashMap as ImHashMap, OrdMap};
 
@@ -24,8 +25,8 @@ pub enum Effect {
     PutApiKey(ApiKey),
     PutBudget(Budget),
     PutPolicy(Policy),
-    PutReservation(Box<Reservation>),
-    PutIdempotency(IdemKey, Box<IdemRecord>),
+    PutReservation(Arc<Reservation>),
+    PutIdempotency(IdemKey, Arc<IdemRecord>),
     RemoveReservation(String),
     RemoveIdempotency(IdemKey),
 }
@@ -50,8 +51,11 @@ pub struct State {
     pub(crate) budgets: OrdMap<BudgetKey, Budget>,
     /// Policies by (tenant, policy id).
     pub(crate) policies: OrdMap<(String, String), Policy>,
-    pub(crate) reservations: ImHashMap<String, Reservation>,
-    pub(crate) idempotency: ImHashMap<IdemKey, IdemRecord>,
+    /// Values behind `Arc`: the effect that puts a reservation or record and the state share
+    /// one allocation (no deep copy per write), and the maps' nodes stay small, so copying a
+    /// node for a snapshot or a write costs pointers, not 550-byte structs.
+    pub(crate) reservations: ImHashMap<String, Arc<Reservation>>,
+    pub(crate) idempotency: ImHashMap<IdemKey, Arc<IdemRecord>>,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
     pub(crate) expiry_index: BTreeSet<(Millis, String)>,
     /// Per-tenant listing orders.
@@ -78,8 +82,8 @@ pub struct SnapshotSource {
     api_keys: OrdMap<String, ApiKey>,
     budgets: OrdMap<BudgetKey, Budget>,
     policies: OrdMap<(String, String), Policy>,
-    reservations: ImHashMap<String, Reservation>,
-    idempotency: ImHashMap<IdemKey, IdemRecord>,
+    reservations: ImHashMap<String, Arc<Reservation>>,
+    idempotency: ImHashMap<IdemKey, Arc<IdemRecord>>,
 }
 
 /// Serializes exactly as [`SnapshotData`] does (the same fields, in the same order), straight
@@ -142,11 +146,11 @@ impl SnapshotSource {
             api_keys: self.api_keys.values().cloned().collect(),
             budgets: self.budgets.values().cloned().collect(),
             policies: self.policies.values().cloned().collect(),
-            reservations: self.reservations.values().cloned().collect(),
+            reservations: self.reservations.values().map(|r| (**r).clone()).collect(),
             idempotency: self
                 .idempotency
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (k.clone(), (**v).clone()))
                 .collect(),
         }
     }
@@ -174,11 +178,11 @@ impl State {
     }
 
     pub fn reservation(&self, id: &str) -> Option<&Reservation> {
-        self.reservations.get(id)
+        self.reservations.get(id).map(|r| &**r)
     }
 
     pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
-        self.reservations.values()
+        self.reservations.values().map(|r| &**r)
     }
 
     pub fn budget_count(&self) -> usize {
@@ -215,7 +219,7 @@ impl State {
                 }
                 self.retention_index
                     .insert((rec.expires_at_ms, Evictable::Idempotency(k.clone())));
-                self.idempotency.insert(k.clone(), (**rec).clone());
+                self.idempotency.insert(k.clone(), rec.clone());
             }
             Effect::RemoveReservation(id) => {
                 if let Some(old) = self.reservations.remove(id) {
@@ -231,7 +235,7 @@ impl State {
         }
     }
 
-    fn put_reservation(&mut self, r: &Reservation) {
+    fn put_reservation(&mut self, r: &Arc<Reservation>) {
         match self
             .reservations
             .insert(r.reservation_id.clone(), r.clone())
@@ -361,9 +365,13 @@ impl State {
         state.reservations = data
             .reservations
             .into_iter()
-            .map(|r| (r.reservation_id.clone(), r))
+            .map(|r| (r.reservation_id.clone(), Arc::new(r)))
             .collect();
-        state.idempotency = data.idempotency.into_iter().collect();
+        state.idempotency = data
+            .idempotency
+            .into_iter()
+            .map(|(k, v)| (k, Arc::new(v)))
+            .collect();
         state
     }
 

@@ -154,7 +154,7 @@ impl Tx<'_> {
             })
             .unwrap_or_default();
         for id in active {
-            let Some(r) = self.state.reservations.get(&id).cloned() else {
+            let Some(r) = self.state.reservation(&id).cloned() else {
                 continue;
             };
             self.release_hold(r, Some("tenant_closed".into()))?;

@@ -1,5 +1,7 @@
 //! Settling reservations: commit, release, extend, expire, and reading one.
 
+use std::sync::Arc;
+
 use crate::{
     settle_commit, state::TERMINAL_RETENTION_MS, Actor, Balance, Budget, CommitCmd, CommitResult,
     Effect, Endpoint, ExtendCmd, ExtendResult, IdemKey, Outcome, Permission, Rejection, ReleaseCmd,
@@ -24,7 +26,7 @@ impl Tx<'_> {
             Some(t) if t != r.tenant_id => Err(Rejection::Forbidden(format!(
                 "Reservation {id} belongs to another tenant"
             ))),
-            _ => Ok(r.clone()),
+            _ => Ok((**r).clone()),
         }
     }
 
@@ -85,7 +87,7 @@ impl Tx<'_> {
         let mut expired = r.clone();
         expired.status = ReservationStatus::Expired;
         expired.expired_at_ms = Some(self.now);
-        self.put(Effect::PutReservation(Box::new(expired)));
+        self.put(Effect::PutReservation(Arc::new(expired)));
         Ok(())
     }
 
@@ -147,7 +149,7 @@ impl Tx<'_> {
         committed.charged = Some(charge.charged);
         committed.finalized_at_ms = Some(self.now);
         committed.committed_metadata = cmd.metadata;
-        self.put(Effect::PutReservation(Box::new(committed)));
+        self.put(Effect::PutReservation(Arc::new(committed)));
         self.remember(
             idem_key,
             cmd.idem.fingerprint,
@@ -210,7 +212,7 @@ impl Tx<'_> {
         released.status = ReservationStatus::Released;
         released.finalized_at_ms = Some(self.now);
         released.release_reason = reason;
-        self.put(Effect::PutReservation(Box::new(released)));
+        self.put(Effect::PutReservation(Arc::new(released)));
         Ok(result)
     }
 
@@ -262,7 +264,7 @@ impl Tx<'_> {
         extended.extension_count += 1;
         let retention = (extended.settle_deadline() - self.now).max(DAY_MS);
         let remaining_ttl_ms = extended.remaining_ttl_ms(expires_at_ms, self.now);
-        self.put(Effect::PutReservation(Box::new(extended)));
+        self.put(Effect::PutReservation(Arc::new(extended)));
         self.remember(
             idem_key,
             cmd.idem.fingerprint,

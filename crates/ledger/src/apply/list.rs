@@ -113,8 +113,7 @@ impl Tx<'_> {
             return None;
         };
         self.state
-            .reservations
-            .get(result.reservation_id.as_ref()?)
+            .reservation(result.reservation_id.as_ref()?)
             .filter(|r| r.tenant_id == tenant && r.idempotency_key == key)
     }
 }

@@ -8,6 +8,8 @@ mod maintain;
 mod policy;
 mod reserve;
 
+use std::sync::Arc;
+
 use crate::{
     Budget, BudgetKey, Command, Effect, IdemKey, IdemRecord, Millis, Outcome, Rejection, State,
     StoredOutcome,
@@ -156,7 +158,7 @@ impl Tx<'_> {
             outcome,
             expires_at_ms: self.now.saturating_add(retention_ms),
         };
-        self.put(Effect::PutIdempotency(key, Box::new(record)));
+        self.put(Effect::PutIdempotency(key, Arc::new(record)));
     }
 
     /// The budgets of `scopes` in `unit`, in the given order, skipping scopes without one.

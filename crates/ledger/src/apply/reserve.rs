@@ -1,6 +1,7 @@
 //! Admission: live and dry-run reserves, decide, direct events, and balance reads.
 
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::{
     admission_refusal, charge_amount, derive_scopes, has_segment, Balance, BalanceQuery, Budget,
@@ -288,7 +289,7 @@ impl Tx<'_> {
             reason_code: None,
             caps,
         };
-        self.put(Effect::PutReservation(Box::new(reservation)));
+        self.put(Effect::PutReservation(Arc::new(reservation)));
         Ok(result)
     }
 
