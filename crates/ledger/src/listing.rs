@@ -76,9 +76,11 @@ pub type Position = (SortValue, String);
 /// keys or more, and following a pointer for each comparison costs a cache miss each time;
 /// the inline bytes decide most comparisons alone (ids differ within their first bytes).
 /// Ordered exactly as the string: zero padding sorts before every byte that could follow.
+/// The head is kept as one big-endian integer, so comparing heads is an integer comparison
+/// (the same order as comparing the bytes) rather than a call to `memcmp`.
 #[derive(Debug, Clone)]
 struct Text {
-    head: [u8; TEXT_HEAD],
+    head: u128,
     full: Arc<str>,
 }
 
@@ -90,7 +92,7 @@ impl Text {
         let n = s.len().min(TEXT_HEAD);
         head[..n].copy_from_slice(&s.as_bytes()[..n]);
         Text {
-            head,
+            head: u128::from_be_bytes(head),
             full: Arc::from(s),
         }
     }
