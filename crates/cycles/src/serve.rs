@@ -42,7 +42,8 @@ pub struct ServeArgs {
     /// How often lapsed reservations are expired and old records evicted, in milliseconds.
     #[arg(long, env = "CYCLES_SWEEP_INTERVAL_MS", default_value_t = 1_000)]
     sweep_interval_ms: u64,
-    /// Journal size (MiB) after which a snapshot is written and older journal dropped.
+    /// Journal size (MiB) after which a snapshot is written and older journal dropped (the
+    /// journal must also have grown by the last snapshot's size).
     #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_MIB", default_value_t = 256)]
     snapshot_after_mib: u64,
     /// Requests per second allowed per API key (0 = no limit). Over it: 429 LIMIT_EXCEEDED.

@@ -720,6 +720,28 @@ async fn cuts_after_rotation_recover_a_prefix() {
     sweep(h.path(), &h.model.history, 2, first - 1);
 }
 
+/// A snapshot waits until the journal since the previous one is at least as large as that
+/// previous snapshot, so snapshots never rewrite a large state more often than the journal
+/// grows by its size.
+#[tokio::test]
+async fn snapshots_wait_for_as_much_journal_as_the_last_snapshot() {
+    let h = rotated_journal().await;
+    let all = snapshots(h.path());
+    let [.., (previous, previous_path), (newest, _)] = &all[..] else {
+        panic!("prune keeps the previous snapshot: {all:?}");
+    };
+    let previous_len = fs::metadata(previous_path).expect("snapshot").len();
+    let (_, between) = segments(h.path())
+        .into_iter()
+        .find(|(first, _)| *first == previous + 1)
+        .expect("the journal after the previous snapshot is kept");
+    let between_len = fs::metadata(&between).expect("segment").len();
+    assert!(
+        between_len >= previous_len.max(4_096),
+        "snapshot {newest} started after {between_len} journal bytes; the previous snapshot has {previous_len}"
+    );
+}
+
 /// Flips one bit in the middle of a file.
 fn flip_middle(path: &Path) {
     let mut bytes = fs::read(path).expect("read");

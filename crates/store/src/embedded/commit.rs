@@ -63,7 +63,10 @@ pub struct Syncer {
     pub spare: Vec<u8>,
     pub dir: PathBuf,
     pub snapshot_after_bytes: u64,
-    pub snapshot: Option<JoinHandle<io::Result<()>>>,
+    /// The size of the newest snapshot: the journal must grow at least as much before the
+    /// next one (see [`super::EmbeddedConfig::snapshot_after_bytes`]).
+    pub last_snapshot_len: u64,
+    pub snapshot: Option<JoinHandle<io::Result<u64>>>,
 }
 
 pub struct Shared {
@@ -284,23 +287,22 @@ struct Round {
 }
 
 impl Syncer {
-    /// Whether this round should start a snapshot: the segment is large and the previous
-    /// snapshot has finished (its outcome is logged here).
+    /// Whether this round should start a snapshot: the previous snapshot has finished (its
+    /// outcome is logged here, and its size taken), and the segment is as large as the
+    /// threshold and as that snapshot.
     fn snapshot_due(&mut self) -> bool {
-        if self.journal.segment_len() < self.snapshot_after_bytes {
-            return false;
-        }
         if self.snapshot.as_ref().is_some_and(|h| !h.is_finished()) {
             return false;
         }
         if let Some(handle) = self.snapshot.take() {
             match handle.join() {
-                Ok(Ok(())) => {}
+                Ok(Ok(len)) => self.last_snapshot_len = len,
                 Ok(Err(e)) => tracing::warn!(error = %e, "snapshot failed; will retry"),
                 Err(_) => tracing::warn!("snapshot thread panicked; will retry"),
             }
         }
-        true
+        let threshold = self.snapshot_after_bytes.max(self.last_snapshot_len);
+        self.journal.segment_len() >= threshold
     }
 }
 

@@ -26,7 +26,8 @@ use journal::{JournalWriter, HEADER_LEN};
 pub use recovery::{recover, Recovered};
 use waiters::Waiters;
 
-/// Journal bytes after which a snapshot is taken and older segments are dropped.
+/// Journal bytes after which a snapshot is taken and older segments are dropped (at least;
+/// see [`EmbeddedConfig::snapshot_after_bytes`]).
 pub const DEFAULT_SNAPSHOT_AFTER_BYTES: u64 = 256 << 20;
 
 /// When a reply may be sent.
@@ -51,6 +52,10 @@ impl Durability {
 pub struct EmbeddedConfig {
     pub data_dir: PathBuf,
     pub durability: Durability,
+    /// A snapshot is taken once the journal since the last one holds this many bytes and at
+    /// least as many as that snapshot: a large state is not rewritten for every few hundred
+    /// MiB of journal (the snapshots never write more than the journal did), and a restart
+    /// replays at most about one snapshot's worth of journal.
     pub snapshot_after_bytes: u64,
     pub clock: Arc<dyn Clock>,
 }
@@ -95,11 +100,13 @@ impl EmbeddedStore {
             Durability::None => (State::new(), None, None, OpenReport::default()),
             Durability::Strict => {
                 let (state, journal, lock, report) = open_durable(&config.data_dir)?;
+                let last_snapshot_len = snapshot::newest_len(&config.data_dir)?;
                 let syncer = Syncer {
                     journal,
                     spare: Vec::new(),
                     dir: config.data_dir,
                     snapshot_after_bytes: config.snapshot_after_bytes,
+                    last_snapshot_len,
                     snapshot: None,
                 };
                 (state, Some(syncer), Some(lock), report)

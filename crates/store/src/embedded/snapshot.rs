@@ -91,9 +91,20 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
 }
 
 /// Writes a snapshot at `seq`, then deletes what it makes redundant.
-pub fn write_and_prune<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Result<()> {
-    write_snapshot(dir, seq, data)?;
-    prune(dir, seq)
+/// Returns the snapshot's size in bytes.
+pub fn write_and_prune<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Result<u64> {
+    let path = write_snapshot(dir, seq, data)?;
+    let len = fs::metadata(&path)?.len();
+    prune(dir, seq)?;
+    Ok(len)
+}
+
+/// The size of the newest snapshot file in `dir` (0 when there is none).
+pub fn newest_len(dir: &Path) -> io::Result<u64> {
+    match list_snapshots(dir)?.last() {
+        Some((_, path)) => Ok(fs::metadata(path)?.len()),
+        None => Ok(0),
+    }
 }
 
 /// Deletes what a durable snapshot at `seq` makes redundant. The previous snapshot, and the
