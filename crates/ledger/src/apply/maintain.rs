@@ -18,7 +18,7 @@ impl Tx<'_> {
             .collect();
         let mut expired = 0;
         for id in due {
-            let Some(r) = self.state.reservation(&id).cloned() else {
+            let Some(r) = self.state.reservations.get(&id).cloned() else {
                 continue;
             };
             // A reservation whose budgets cannot take the hold back stays ACTIVE and is
