@@ -18,19 +18,18 @@ use crate::ids;
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 pub const TRACE_ID_HEADER: &str = "x-cycles-trace-id";
 
-/// The ids of one request, available to handlers as a request extension.
-#[derive(Debug, Clone)]
+/// The ids of one request.
+#[derive(Debug)]
 pub struct Correlation {
     pub request_id: String,
     pub trace_id: String,
 }
 
-pub async fn layer(mut request: Request, next: Next) -> Response {
+pub async fn layer(request: Request, next: Next) -> Response {
     let correlation = Correlation {
         request_id: ids::request_id(),
         trace_id: inbound_trace_id(request.headers()).unwrap_or_else(ids::trace_id),
     };
-    request.extensions_mut().insert(correlation.clone());
     let response = next.run(request).await;
     finish(response, &correlation)
 }
