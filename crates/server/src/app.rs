@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ledger::{Actor, Command, Outcome};
 use protocol::{ApiError, Plane};
 use sha2::{Digest, Sha256};
-use store::{Store, StoreError};
+use store::{Load, Store, StoreError};
 use subtle::ConstantTimeEq;
 
 use crate::metrics::HttpMetrics;
@@ -52,7 +52,13 @@ impl App {
         command: Command,
         plane: Plane,
     ) -> Result<(Outcome, Option<String>), Failure> {
-        match self.store.execute(command).await {
+        // A request alone in the server may have its write synced on its own thread.
+        let load = if self.http_metrics.alone() {
+            Load::Alone
+        } else {
+            Load::Busy
+        };
+        match self.store.execute(command, load).await {
             Ok(reply) => match reply.result {
                 Ok(outcome) => Ok((outcome, reply.tenant)),
                 Err(rejection) => Err(Failure {

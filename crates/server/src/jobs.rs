@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{Command, Outcome};
+use store::Load;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -45,7 +46,7 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration) -> Sweeper {
                 tokio::task::yield_now().await;
                 let reply = app
                     .store()
-                    .execute(Command::Maintain { limit: SWEEP_BATCH })
+                    .execute(Command::Maintain { limit: SWEEP_BATCH }, Load::Busy)
                     .await;
                 match reply.map(|r| r.result) {
                     Ok(Ok(Outcome::Maintained { expired, evicted }))

@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -24,15 +25,67 @@ struct RouteStats {
 
 /// Request counters: route template → (method, status) → stats. Recording a request that
 /// was seen before allocates nothing.
-#[derive(Default)]
 pub struct HttpMetrics {
     routes: Mutex<HashMap<String, PerRoute>>,
+    /// Requests being answered right now.
+    in_flight: AtomicUsize,
+    /// When a request last arrived while another was in flight, in microseconds since
+    /// `epoch`.
+    last_overlap_us: AtomicU64,
+    epoch: Instant,
+}
+
+/// How long requests must have come one at a time before one counts as alone: long enough
+/// that a steady stream from several clients never does (their requests overlap every few
+/// hundred microseconds), short enough that a sequential client is alone from its second
+/// request on.
+const QUIET: Duration = Duration::from_millis(10);
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        HttpMetrics {
+            routes: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            last_overlap_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 /// One route's stats by (method, status).
 type PerRoute = HashMap<(&'static str, u16), RouteStats>;
 
 impl HttpMetrics {
+    /// Requests being answered right now, the caller's included.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether the caller is the only request in flight and requests have come one at a
+    /// time for a while (see [`QUIET`]).
+    pub fn alone(&self) -> bool {
+        self.alone_at(Instant::now())
+    }
+
+    fn alone_at(&self, now: Instant) -> bool {
+        self.in_flight() <= 1
+            && self.since_epoch_us(now)
+                >= self.last_overlap_us.load(Ordering::Relaxed) + QUIET.as_micros() as u64
+    }
+
+    fn since_epoch_us(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_micros() as u64
+    }
+
+    /// Counts a request in until the returned guard drops, noting when it overlaps another.
+    fn enter(&self, at: Instant) -> InFlight<'_> {
+        if self.in_flight.fetch_add(1, Ordering::Relaxed) > 0 {
+            self.last_overlap_us
+                .fetch_max(self.since_epoch_us(at), Ordering::Relaxed);
+        }
+        InFlight(&self.in_flight)
+    }
+
     fn record(&self, method: &'static str, route: &str, status: u16, seconds: f64) {
         let Ok(mut routes) = self.routes.lock() else {
             return;
@@ -63,6 +116,15 @@ impl HttpMetrics {
     }
 }
 
+/// Counts a request in flight until it is answered or dropped (a client that hangs up).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn method_name(m: &Method) -> &'static str {
     match *m {
         Method::GET => "GET",
@@ -81,7 +143,10 @@ pub async fn layer(State(app): State<Arc<App>>, request: Request, next: Next) ->
     let method = method_name(request.method());
     // A clone of the matched path shares its string: no allocation.
     let route = request.extensions().get::<MatchedPath>().cloned();
-    let response = next.run(request).await;
+    let response = {
+        let _counted = app.http_metrics().enter(started);
+        next.run(request).await
+    };
     app.http_metrics().record(
         method,
         route.as_ref().map_or("unmatched", |p| p.as_str()),
@@ -127,6 +192,13 @@ fn render(app: &App) -> String {
             "cycles_http_request_seconds_total{{method=\"{m}\",route=\"{r}\",status=\"{s}\"}} {seconds:.6}"
         );
     }
+    gauge(
+        &mut out,
+        "cycles_http_requests_in_flight",
+        "Requests being answered (this one included).",
+        "gauge",
+        app.http_metrics().in_flight(),
+    );
     for m in app.store().metrics() {
         let kind = if m.counter { "counter" } else { "gauge" };
         gauge(&mut out, m.name, m.help, kind, m.value);
@@ -169,4 +241,35 @@ pub async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Answer 
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_alone_only_after_a_quiet_period_without_overlaps() {
+        let metrics = HttpMetrics::default();
+        let t0 = metrics.epoch + QUIET;
+        let first = metrics.enter(t0);
+        assert_eq!(metrics.in_flight(), 1);
+        assert!(metrics.alone_at(t0), "one request, nothing overlapped yet");
+
+        let t1 = t0 + Duration::from_millis(1);
+        let second = metrics.enter(t1);
+        assert_eq!(metrics.in_flight(), 2);
+        assert!(!metrics.alone_at(t1), "two in flight");
+        drop(second);
+        let t2 = t1 + QUIET / 2;
+        assert!(
+            !metrics.alone_at(t2),
+            "one in flight, but requests overlapped just now"
+        );
+        assert!(
+            metrics.alone_at(t1 + QUIET),
+            "one in flight after a quiet period"
+        );
+        drop(first);
+        assert_eq!(metrics.in_flight(), 0);
+    }
 }

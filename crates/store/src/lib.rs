@@ -53,9 +53,20 @@ pub struct Metric {
     pub value: u64,
 }
 
+/// What the caller knows of the load when it sends a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// Nothing else is in progress (the only request in the server): an engine may make the
+    /// command durable on the caller's thread instead of handing it to a background writer
+    /// and waiting to be woken, since no one else would share that write.
+    Alone,
+    /// Other requests are in progress: one background group commit serves them all.
+    Busy,
+}
+
 pub trait Store: Send + Sync + 'static {
     /// Applies a command. A successful reply is durable under the store's durability mode.
-    fn execute(&self, command: Command) -> BoxFuture<'_, Result<Reply, StoreError>>;
+    fn execute(&self, command: Command, load: Load) -> BoxFuture<'_, Result<Reply, StoreError>>;
 
     fn health(&self) -> Health;
 

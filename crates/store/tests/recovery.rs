@@ -20,7 +20,7 @@ use ledger::{
     NewBudget, NewTenant, ReleaseCmd, ReserveCmd, SnapshotData, State, Subject, Unit,
 };
 use store::embedded::{recover, verify, Durability, EmbeddedConfig, EmbeddedStore, Recovered};
-use store::{Clock, ManualClock, Store};
+use store::{Clock, Load, ManualClock, Store};
 use tempfile::TempDir;
 
 const TENANT: &str = "t";
@@ -254,12 +254,17 @@ impl Harness {
     }
 
     /// Sends each command to the store and to the model; every reply must match the
-    /// model's.
+    /// model's. Commands alternate between the two ways a record becomes durable: handed to
+    /// the syncer thread, and synced by a request that is alone.
     async fn drive(&mut self, store: &EmbeddedStore, commands: Vec<Command>) {
-        for command in commands {
+        for (i, command) in commands.into_iter().enumerate() {
             self.clock.advance(STEP_MS);
             let expected = apply(&mut self.model.state, command.clone(), self.clock.now_ms());
-            let reply = store.execute(command).await.expect("the store answers");
+            let load = if i % 2 == 0 { Load::Busy } else { Load::Alone };
+            let reply = store
+                .execute(command, load)
+                .await
+                .expect("the store answers");
             assert_eq!(reply.result, expected.result, "store and model disagree");
             if !expected.effects.is_empty() {
                 self.model.history.push(canonical(&self.model.state));
@@ -489,7 +494,10 @@ async fn reopen_after_cut(src: &Path, history: &[SnapshotData], cut: usize, k: u
     assert!(applied.result.is_ok() && !applied.effects.is_empty());
 
     let store = open_store(work.path(), clock.clone(), None);
-    let reply = store.execute(extra).await.expect("the store answers");
+    let reply = store
+        .execute(extra, Load::Alone)
+        .await
+        .expect("the store answers");
     assert_eq!(reply.result, applied.result, "cut at {cut}");
     // A crash right after the acknowledgement: no shutdown, so no final snapshot.
     drop(store);
@@ -790,4 +798,80 @@ async fn missing_history_is_refused_not_truncated() {
         journal,
         "the journal was changed"
     );
+}
+
+/// Requests that are alone run their own rounds; requests that think they are alone and
+/// requests that hand off to the syncer, all at once on a multi-threaded runtime, lose no
+/// acknowledgement in a crash (no shutdown), and the journal holds nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn alone_and_busy_requests_interleave_without_losing_an_acknowledgement() {
+    const ALONE: usize = 20;
+    const TASKS: usize = 8;
+    const EACH: usize = 40;
+    let dir = TempDir::new().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = Arc::new(open_store(dir.path(), clock.clone(), Some(64 << 10)));
+    let counter = |store: &EmbeddedStore, name: &str| {
+        let metrics = store.metrics();
+        metrics.iter().find(|m| m.name == name).expect(name).value
+    };
+
+    // One request at a time: nothing wakes the syncer thread, so every round is the
+    // request's own.
+    for i in 0..ALONE {
+        let reply = store.execute(tenant(&format!("a{i}")), Load::Alone).await;
+        assert!(reply.expect("the store answers").result.is_ok());
+    }
+    assert_eq!(
+        counter(&store, "cycles_store_batches_alone_total"),
+        ALONE as u64
+    );
+    assert_eq!(counter(&store, "cycles_store_batches_total"), ALONE as u64);
+
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..EACH {
+                    let load = if (t + i) % 3 == 0 {
+                        Load::Busy
+                    } else {
+                        Load::Alone
+                    };
+                    let reply = store
+                        .execute(tenant(&format!("t{t}-{i}")), load)
+                        .await
+                        .expect("the store answers");
+                    assert!(reply.result.is_ok(), "{:?}", reply.result);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let live = store.health();
+    assert!(live.ready, "{}", live.detail);
+    drop(Arc::try_unwrap(store).unwrap_or_else(|_| panic!("one owner left")));
+
+    let recovered = recover(dir.path(), false).expect("recover");
+    let tenants: Vec<String> = recovered
+        .state
+        .to_snapshot()
+        .tenants
+        .into_iter()
+        .map(|t| t.tenant_id)
+        .collect();
+    assert_eq!(
+        tenants.len(),
+        ALONE + TASKS * EACH,
+        "every acknowledged tenant, nothing else"
+    );
+    let acknowledged = (0..ALONE)
+        .map(|i| format!("a{i}"))
+        .chain((0..TASKS).flat_map(|t| (0..EACH).map(move |i| format!("t{t}-{i}"))));
+    for name in acknowledged {
+        assert!(tenants.contains(&name), "{name} was acknowledged");
+    }
+    assert!(recovered.state.verify().is_empty());
 }

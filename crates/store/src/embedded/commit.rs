@@ -10,7 +10,12 @@
 //! *all* pending frames, writes them with one `write` + one `fdatasync`, publishes the new
 //! durable sequence number and wakes the requests it answered. Commands applied while a sync
 //! runs go together in the next one, so under load a sync covers many commands, latency stays
-//! near one `fdatasync`, and no request worker ever blocks on the disk.
+//! near one `fdatasync`, and no request worker blocks on the disk.
+//!
+//! The one exception is a request that is alone in the server ([`crate::Load::Alone`]): no
+//! one would share its sync, so it runs the round itself on its own thread when the journal
+//! is free, and saves the two thread wake-ups of the hand-off (request → syncer → request).
+//! Whoever holds the [`Syncer`] lock owns the journal, so rounds never overlap.
 
 use std::future::Future;
 use std::io;
@@ -35,6 +40,8 @@ use crate::{Clock, Reply, StoreError};
 pub struct Counters {
     pub commands: AtomicU64,
     pub batches: AtomicU64,
+    /// Rounds run by a request that was alone, on its own thread.
+    pub batches_alone: AtomicU64,
     pub journal_bytes: AtomicU64,
     pub snapshots: AtomicU64,
 }
@@ -56,7 +63,8 @@ pub struct Ledger {
     pub final_snapshot: bool,
 }
 
-/// The journal file and the background snapshot: owned by the syncer thread.
+/// The journal file and the background snapshot: whoever runs a round holds it (the syncer
+/// thread, or a request that is alone).
 pub struct Syncer {
     pub journal: JournalWriter,
     /// The previous round's buffer, swapped with `Ledger::pending` so neither reallocates.
@@ -71,6 +79,8 @@ pub struct Syncer {
 
 pub struct Shared {
     pub ledger: Mutex<Ledger>,
+    /// The journal (strict mode). Locked before the ledger when both are held.
+    pub journal: Option<Mutex<Syncer>>,
     /// Signalled when `pending` goes from empty to non-empty, and on shutdown.
     pub work: Condvar,
     /// Every journal record up to this sequence number is on disk.
@@ -104,8 +114,13 @@ impl Shared {
     }
 
     /// Applies a command and returns its reply with the journal sequence number that must be
-    /// durable before the reply may be sent (`None`: nothing to wait for).
-    pub fn apply(&self, command: Command) -> Result<(Reply, Option<u64>), StoreError> {
+    /// durable before the reply may be sent (`None`: nothing to wait for). `wake_syncer` is
+    /// false when the caller holds the journal and runs the round itself.
+    pub fn apply(
+        &self,
+        command: Command,
+        wake_syncer: bool,
+    ) -> Result<(Reply, Option<u64>), StoreError> {
         let mut ledger = lock(&self.ledger)?;
         if ledger.closed {
             return Err(StoreError::ShuttingDown);
@@ -129,7 +144,7 @@ impl Shared {
                 return Err(StoreError::Unavailable(e.to_string()));
             }
             ledger.next_seq += 1;
-            if was_idle {
+            if was_idle && wake_syncer {
                 self.work.notify_one();
             }
         }
@@ -165,10 +180,23 @@ impl Shared {
     }
 
     /// The syncer thread: group commits until shutdown, then a final snapshot.
-    pub fn run_syncer(&self, mut syncer: Syncer) {
+    pub fn run_syncer(&self) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
         loop {
-            let round = match self.next_round(&mut syncer) {
-                Ok(round) => round,
+            if let Err(e) = self.wait_for_work() {
+                self.fail(e.to_string());
+                return;
+            }
+            let Ok(mut syncer) = lock(journal) else {
+                self.fail("the journal's owner panicked".into());
+                return;
+            };
+            let round = match self.take_round(&mut syncer) {
+                Ok(Some(round)) => round,
+                // A request that was alone took the frames first.
+                Ok(None) => continue,
                 Err(e) => {
                     self.fail(e.to_string());
                     return;
@@ -193,24 +221,48 @@ impl Shared {
         }
     }
 
-    /// Waits for pending frames (or shutdown), then takes them all.
-    fn next_round(&self, syncer: &mut Syncer) -> Result<Round, StoreError> {
-        let snapshot_due = syncer.snapshot_due();
+    /// Runs a round on the caller's thread: for a request that is alone and holds the
+    /// journal. Whatever is pending (its own record, and any that came meanwhile) is made
+    /// durable and its waiters woken, exactly as the syncer thread would.
+    pub fn sync_alone(&self, syncer: &mut Syncer) -> Result<(), StoreError> {
+        let Some(round) = self.take_round(syncer)? else {
+            return Ok(());
+        };
+        self.counters.batches_alone.fetch_add(1, Ordering::Relaxed);
+        self.sync(syncer, round).map_err(|e| {
+            let why = e.to_string();
+            self.fail(why.clone());
+            StoreError::Unavailable(why)
+        })
+    }
+
+    /// Waits until there are pending frames, or shutdown.
+    fn wait_for_work(&self) -> Result<(), StoreError> {
         let mut ledger = lock(&self.ledger)?;
         while ledger.pending.is_empty() && !ledger.closed {
             ledger = self.work.wait(ledger).map_err(|_| {
                 StoreError::Unavailable("the ledger panicked; restart the server".into())
             })?;
         }
+        Ok(())
+    }
+
+    /// Takes every pending frame for one round (`None`: nothing pending and not closing).
+    fn take_round(&self, syncer: &mut Syncer) -> Result<Option<Round>, StoreError> {
+        let snapshot_due = syncer.snapshot_due();
+        let mut ledger = lock(&self.ledger)?;
+        if ledger.pending.is_empty() && !ledger.closed {
+            return Ok(None);
+        }
         mem::swap(&mut ledger.pending, &mut syncer.spare);
         let upto = ledger.next_seq - 1;
-        Ok(Round {
+        Ok(Some(Round {
             upto,
             closing: ledger.closed,
             final_snapshot: ledger.final_snapshot,
             // A closing round leaves the snapshot to `final_snapshot`, which follows it.
             snapshot: (snapshot_due && !ledger.closed).then(|| ledger.state.snapshot_source()),
-        })
+        }))
     }
 
     /// Writes the round's frames with one `fdatasync`, publishes the durable sequence number
