@@ -1,7 +1,7 @@
 //! Listing reservations from ordered per-tenant indexes, so a page costs O(page) however
 //! many reservations are stored (filters that match few rows cost what they skip).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -88,12 +88,17 @@ const TEXT_HEAD: usize = 16;
 
 impl Text {
     fn new(s: &str) -> Text {
+        Text::with_full(s, Arc::from(s))
+    }
+
+    /// `s`, kept as `full` (which holds the same string).
+    fn with_full(s: &str, full: Arc<str>) -> Text {
         let mut head = [0; TEXT_HEAD];
         let n = s.len().min(TEXT_HEAD);
         head[..n].copy_from_slice(&s.as_bytes()[..n]);
         Text {
             head: u128::from_be_bytes(head),
-            full: Arc::from(s),
+            full,
         }
     }
 }
@@ -143,20 +148,63 @@ impl From<&SortValue> for Key {
 type Entry = (Key, Text);
 
 /// The six orders of one tenant's reservations, plus ACTIVE/… partitions by creation time
-/// (so "find stuck ACTIVE reservations" does not scan the finished ones).
+/// (so "find stuck ACTIVE reservations" does not scan the finished ones). Equal indexes
+/// also count the same scopes: `State::verify` compares an index with one rebuilt from the
+/// rows, so a scope kept after its last row left shows there.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ListIndex {
     sorted: [BTreeSet<Entry>; 6],
     by_status_created: BTreeSet<(u8, i64, Text)>,
+    scopes: Scopes,
+}
+
+/// One shared copy of each scope path of a tenant's reservations, with the number of rows
+/// using it. Many reservations share a scope, and scope paths share long prefixes
+/// (`tenant:…/workspace:…`), so keys in the scope order tie on their inline heads all the
+/// time: with one shared string per scope such a tie is settled by comparing pointers
+/// instead of the strings, and a reserve allocates no copy of its scope for the index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Scopes(HashMap<Arc<str>, usize>);
+
+impl Scopes {
+    /// `scope` for a row entering the index.
+    fn acquire(&mut self, scope: &str) -> Text {
+        match self.0.get_mut(scope) {
+            Some(rows) => *rows += 1,
+            None => {
+                self.0.insert(Arc::from(scope), 1);
+            }
+        }
+        self.find(scope)
+    }
+
+    /// `scope` for finding a row's key: the shared copy (any copy compares equal).
+    fn find(&self, scope: &str) -> Text {
+        match self.0.get_key_value(scope) {
+            Some((shared, _)) => Text::with_full(scope, shared.clone()),
+            None => Text::new(scope),
+        }
+    }
+
+    /// A row using `scope` left the index; the scope is forgotten with its last row.
+    fn release(&mut self, scope: &str) {
+        if let Some(rows) = self.0.get_mut(scope) {
+            *rows -= 1;
+            if *rows == 0 {
+                self.0.remove(scope);
+            }
+        }
+    }
 }
 
 fn status_rank(s: ReservationStatus) -> u8 {
     s as u8
 }
 
-/// The index keys of `r`, in index order (`id` is `r`'s id, shared by all of them).
-fn sort_keys(r: &Reservation, id: &Text) -> [Key; 6] {
-    std::array::from_fn(|order| sort_key(r, id, order))
+/// The index keys of `r`, in index order (`id` is `r`'s id, shared by all of them; `scope`
+/// gives the scope path's key).
+fn sort_keys(r: &Reservation, id: &Text, mut scope: impl FnMut(&str) -> Text) -> [Key; 6] {
+    std::array::from_fn(|order| sort_key(r, id, order, &mut scope))
 }
 
 /// The field of `r` that index `order` sorts by (see [`SortBy::index`]), borrowed.
@@ -178,12 +226,12 @@ fn field(r: &Reservation, order: usize) -> Field<'_> {
 }
 
 /// The index key of `r` under index `order`.
-fn sort_key(r: &Reservation, id: &Text, order: usize) -> Key {
+fn sort_key(r: &Reservation, id: &Text, order: usize, scope: &mut impl FnMut(&str) -> Text) -> Key {
     match field(r, order) {
         Field::Int(v) => Key::Int(v),
         // The id order keys by the id itself: share it rather than copy it.
         Field::Text(_) if order == 0 => Key::Text(id.clone()),
-        Field::Text(t) => Key::Text(Text::new(t)),
+        Field::Text(t) => Key::Text(scope(t)),
     }
 }
 
@@ -198,9 +246,11 @@ impl ListIndex {
     pub(crate) fn build<'a>(rows: impl Iterator<Item = &'a Reservation>) -> Self {
         let mut sorted: [Vec<Entry>; 6] = Default::default();
         let mut by_status_created = Vec::new();
+        let mut scopes = Scopes::default();
         for r in rows {
             let id = Text::new(&r.reservation_id);
-            for (entries, key) in sorted.iter_mut().zip(sort_keys(r, &id)) {
+            let keys = sort_keys(r, &id, |s| scopes.acquire(s));
+            for (entries, key) in sorted.iter_mut().zip(keys) {
                 entries.push((key, id.clone()));
             }
             by_status_created.push((status_rank(r.status), r.created_at_ms, id));
@@ -208,12 +258,14 @@ impl ListIndex {
         ListIndex {
             sorted: sorted.map(BTreeSet::from_iter),
             by_status_created: by_status_created.into_iter().collect(),
+            scopes,
         }
     }
 
     pub(crate) fn insert(&mut self, r: &Reservation) {
         let id = Text::new(&r.reservation_id);
-        for (set, key) in self.sorted.iter_mut().zip(sort_keys(r, &id)) {
+        let keys = sort_keys(r, &id, |s| self.scopes.acquire(s));
+        for (set, key) in self.sorted.iter_mut().zip(keys) {
             set.insert((key, id.clone()));
         }
         self.by_status_created
@@ -222,22 +274,34 @@ impl ListIndex {
 
     pub(crate) fn remove(&mut self, r: &Reservation) {
         let id = Text::new(&r.reservation_id);
-        for (set, key) in self.sorted.iter_mut().zip(sort_keys(r, &id)) {
+        let keys = sort_keys(r, &id, |s| self.scopes.find(s));
+        for (set, key) in self.sorted.iter_mut().zip(keys) {
             set.remove(&(key, id.clone()));
         }
         self.by_status_created
             .remove(&(status_rank(r.status), r.created_at_ms, id));
+        self.scopes.release(&r.scope_path);
     }
 
     /// Moves `old` to where `new` (the same reservation, changed) belongs, touching only
     /// the orders whose value changed.
     pub(crate) fn update(&mut self, old: &Reservation, new: &Reservation) {
         let id = Text::new(&new.reservation_id);
+        let scopes = &mut self.scopes;
         for (order, set) in self.sorted.iter_mut().enumerate() {
             if !same_sort_value(old, new, order) {
-                set.remove(&(sort_key(old, &id, order), id.clone()));
-                set.insert((sort_key(new, &id, order), id.clone()));
+                set.remove(&(
+                    sort_key(old, &id, order, &mut |s| scopes.find(s)),
+                    id.clone(),
+                ));
+                set.insert((
+                    sort_key(new, &id, order, &mut |s| scopes.acquire(s)),
+                    id.clone(),
+                ));
             }
+        }
+        if old.scope_path != new.scope_path {
+            scopes.release(&old.scope_path);
         }
         if (old.status, old.created_at_ms) != (new.status, new.created_at_ms) {
             self.by_status_created.remove(&(

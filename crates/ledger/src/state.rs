@@ -246,11 +246,20 @@ impl State {
     }
 
     fn index_reservation(&mut self, r: &Reservation) {
-        self.list_index
-            .entry(r.tenant_id.clone())
-            .or_default()
-            .insert(r);
+        self.tenant_index(&r.tenant_id).insert(r);
         self.add_lapse(r);
+    }
+
+    /// The listing index of `tenant`, created on first use. Looked up before inserting:
+    /// `entry` would copy the tenant id on every reserve.
+    fn tenant_index(&mut self, tenant: &str) -> &mut ListIndex {
+        if !self.list_index.contains_key(tenant) {
+            self.list_index
+                .insert(tenant.to_string(), ListIndex::default());
+        }
+        self.list_index
+            .get_mut(tenant)
+            .expect("the index was inserted above")
     }
 
     fn unindex_reservation(&mut self, r: &Reservation) {
@@ -272,11 +281,7 @@ impl State {
         );
         match self.list_index.get_mut(&new.tenant_id) {
             Some(index) => index.update(old, new),
-            None => self
-                .list_index
-                .entry(new.tenant_id.clone())
-                .or_default()
-                .insert(new),
+            None => self.tenant_index(&new.tenant_id).insert(new),
         }
         if Lapse::of(old) != Lapse::of(new) {
             self.remove_lapse(old);
