@@ -364,57 +364,30 @@ impl Array<'_> {
     }
 }
 
-impl ser::SerializeSeq for Array<'_> {
-    type Ok = ();
-    type Error = Error;
+/// The four array-shaped traits differ only in their method's name.
+macro_rules! array_shaped {
+    ($($shape:ident::$method:ident),*) => {
+        $(impl ser::$shape for Array<'_> {
+            type Ok = ();
+            type Error = Error;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+                self.element(value)
+            }
 
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
+            fn end(self) -> Result<(), Error> {
+                self.close()
+            }
+        })*
+    };
 }
 
-impl ser::SerializeTuple for Array<'_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleStruct for Array<'_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleVariant for Array<'_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
+array_shaped!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 /// An object (a struct or a map) being written: its members collect in the scratch space and
 /// are sorted when it closes.
@@ -461,39 +434,29 @@ impl ser::SerializeMap for Object<'_> {
     }
 }
 
-impl ser::SerializeStruct for Object<'_> {
-    type Ok = ();
-    type Error = Error;
+/// Structs and struct variants collect their fields alike.
+macro_rules! struct_shaped {
+    ($($shape:ident),*) => {
+        $(impl ser::$shape for Object<'_> {
+            type Ok = ();
+            type Error = Error;
 
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.scratch.member(Name::Field(name), value)
-    }
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                name: &'static str,
+                value: &T,
+            ) -> Result<(), Error> {
+                self.scratch.member(Name::Field(name), value)
+            }
 
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
+            fn end(self) -> Result<(), Error> {
+                self.close()
+            }
+        })*
+    };
 }
 
-impl ser::SerializeStructVariant for Object<'_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.scratch.member(Name::Field(name), value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
+struct_shaped!(SerializeStruct, SerializeStructVariant);
 
 /// Map keys become member names the way serde_json turns them into strings: strings as they
 /// are, numbers and booleans as their text, unit variants by name. Anything else is refused,
