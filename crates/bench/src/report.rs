@@ -80,6 +80,8 @@ pub struct CaseReport {
     pub syncs_per_op: Option<Spread>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batches_per_op: Option<Spread>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_us_per_op: Option<Spread>,
     /// The physical floor of one operation: `calls` × HTTP floor (+ `writes` × fdatasync
     /// floor with strict durability), medians of the same run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,6 +112,7 @@ impl CaseReport {
             allocations_per_op: Spread::of_some(trials.iter().map(|s| s.allocations_per_op)),
             syncs_per_op: Spread::of_some(trials.iter().map(|s| s.syncs_per_op)),
             batches_per_op: Spread::of_some(trials.iter().map(|s| s.batches_per_op)),
+            server_cpu_us_per_op: Spread::of_some(trials.iter().map(|s| s.server_cpu_us_per_op)),
             floor_ms: None,
             floor: None,
             p50_over_floor: None,

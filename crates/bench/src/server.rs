@@ -48,6 +48,8 @@ pub struct Counters {
     pub allocations: Option<f64>,
     pub syncs: Option<f64>,
     pub batches: Option<f64>,
+    /// CPU time of a local server's threads, in microseconds (see [`cpu_us`]).
+    pub cpu_us: Option<f64>,
 }
 
 impl Counters {
@@ -57,6 +59,7 @@ impl Counters {
             allocations: get(ALLOCATIONS),
             syncs: get(SYNCS),
             batches: get(BATCHES),
+            cpu_us: None,
         }
     }
 
@@ -71,8 +74,25 @@ impl Counters {
             allocations: per(self.allocations, before.allocations, overhead.allocations),
             syncs: per(self.syncs, before.syncs, overhead.syncs),
             batches: per(self.batches, before.batches, overhead.batches),
+            cpu_us: per(self.cpu_us, before.cpu_us, overhead.cpu_us),
         }
     }
+}
+
+/// CPU time a local process's live threads have used, in microseconds: the sum of each
+/// thread's scheduler run time (`/proc/<pid>/task/*/schedstat`, nanoseconds — the tick
+/// counts of `/proc/<pid>/stat` are too coarse for a 200-request block). A thread that ended
+/// in between (a finished snapshot) drops out of the sum, so a block that spans one reads
+/// low; the figure is for comparing builds, not an exact bill.
+pub fn cpu_us(pid: u32) -> Option<f64> {
+    let mut total_ns: u64 = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue;
+        };
+        total_ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total_ns as f64 / 1e3)
 }
 
 /// Peak resident memory (`VmHWM`) of a local process, in bytes.
@@ -145,18 +165,22 @@ mod tests {
             allocations: Some(1000.0),
             syncs: Some(10.0),
             batches: None,
+            cpu_us: Some(500.0),
         };
         let after = Counters {
             allocations: Some(3050.0),
             syncs: Some(210.0),
             batches: Some(5.0),
+            cpu_us: Some(10_500.0),
         };
         let overhead = Counters {
             allocations: Some(50.0),
+            cpu_us: Some(2_000.0),
             ..Counters::default()
         };
         let p = after.per_op(&before, &overhead, 200);
         assert_eq!(p.allocations, Some(10.0));
+        assert_eq!(p.cpu_us, Some(40.0));
         assert_eq!(p.syncs, Some(1.0));
         assert_eq!(p.batches, None);
     }
@@ -166,5 +190,9 @@ mod tests {
         let pid = std::process::id();
         assert!(peak_rss(pid).unwrap() > 0);
         assert!(cpu_ticks(pid).is_some());
+        let spin = std::time::Instant::now();
+        let before = cpu_us(pid).unwrap();
+        while spin.elapsed() < Duration::from_millis(20) {}
+        assert!(cpu_us(pid).unwrap() > before, "spinning used CPU");
     }
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use crate::server::Counters;
+
 /// The reference's percentile: element `min(ceil(p/100 × N) − 1, N − 1)` of the sorted
 /// timings. With N = 200, p50 is element 99, p95 element 189, p99 element 197.
 pub fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
@@ -63,6 +65,9 @@ pub struct Sample {
     pub syncs_per_op: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batches_per_op: Option<f64>,
+    /// Server CPU time per measured operation (a local server, `--server-pid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_us_per_op: Option<f64>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -93,6 +98,14 @@ impl Sample {
             errors,
             ..Sample::default()
         }
+    }
+
+    /// The server's counters per measured operation.
+    pub fn set_server(&mut self, per_op: &Counters) {
+        self.allocations_per_op = per_op.allocations;
+        self.syncs_per_op = per_op.syncs;
+        self.batches_per_op = per_op.batches;
+        self.server_cpu_us_per_op = per_op.cpu_us;
     }
 
     /// A concurrent cell: percentiles from an HDR histogram in microseconds; ops/s is

@@ -206,7 +206,11 @@ impl Suite {
     }
 
     async fn counters(&mut self) -> Counters {
-        Counters::parse(self.admin.metrics().await.ok().flatten().as_deref())
+        let text = self.admin.metrics().await.ok().flatten();
+        Counters {
+            cpu_us: self.cfg.server_pid.and_then(server::cpu_us),
+            ..Counters::parse(text.as_deref())
+        }
     }
 
     /// What reading the counters costs by itself (two reads back to back; the cheapest of
@@ -322,9 +326,7 @@ impl Suite {
     ) {
         let (timed, per_op) = self.timed(&meta.name, op).await;
         let mut sample = Sample::from_timings(&timed.timings, timed.errors);
-        sample.allocations_per_op = per_op.allocations;
-        sample.syncs_per_op = per_op.syncs;
-        sample.batches_per_op = per_op.batches;
+        sample.set_server(&per_op);
         if meta.name == "Reserve" && self.durability.is_none() {
             self.durability = per_op
                 .syncs
@@ -548,9 +550,16 @@ impl Suite {
                 }
             }
             let clients = self.clients(&tenant, None, n).await?;
+            let before = self.counters().await;
             let load = self.load(&name, clients, LoadOp::Lifecycle).await;
-            let sample =
+            let per_op = self.counters().await.per_op(
+                &before,
+                &self.overhead,
+                load.histogram.len() as usize,
+            );
+            let mut sample =
                 Sample::from_histogram(&load.histogram, self.window(), load.errors + warm.errors);
+            sample.set_server(&per_op);
             self.progress.line(&text::concurrent_line(
                 n,
                 self.cfg.method.window_secs,
@@ -596,7 +605,13 @@ impl Suite {
         for scope in &scopes {
             before.push(self.admin.reserved(scope).await?);
         }
+        let server_before = self.counters().await;
         let load = self.load(&name, clients, LoadOp::Reserve).await;
+        let per_op = self.counters().await.per_op(
+            &server_before,
+            &self.overhead,
+            load.histogram.len() as usize,
+        );
         let expected: Vec<i64> = match shape {
             Shape::Shared => vec![load.per_client.iter().sum::<u64>() as i64 * ESTIMATE],
             Shape::Isolated => load
@@ -616,6 +631,7 @@ impl Suite {
         let mut sample =
             Sample::from_histogram(&load.histogram, self.window(), load.errors + warm.errors);
         sample.ledger_mismatches = mismatches;
+        sample.set_server(&per_op);
         self.progress.line(&text::fanout_line(
             shape.name(),
             n,

@@ -217,6 +217,23 @@ pub fn render(r: &Report) -> String {
         per_op(&res.allocations_per_reserve),
         per_op(&res.allocations_per_commit)
     );
+    let cpu: Vec<String> = r
+        .cases
+        .iter()
+        .filter_map(|c| {
+            Some(format!(
+                "{} {:.1}",
+                c.meta.name, c.server_cpu_us_per_op?.median
+            ))
+        })
+        .collect();
+    if !cpu.is_empty() {
+        let _ = writeln!(
+            out,
+            "Server CPU per operation, µs (a lifecycle is two requests):\n  {}",
+            cpu.join(", ")
+        );
+    }
     if !res.server_counters.is_empty() {
         let all: Vec<String> = res
             .server_counters
