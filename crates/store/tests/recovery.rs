@@ -351,7 +351,8 @@ fn frame_ends(bytes: &[u8]) -> Vec<usize> {
     while at + FRAME_HEADER <= bytes.len() {
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
         let end = at + FRAME_HEADER + len;
-        if end > bytes.len() {
+        // A zero length is the preallocated space after the last record.
+        if len == 0 || end > bytes.len() {
             break;
         }
         ends.push(end);
@@ -435,12 +436,18 @@ fn cut_offsets(ends: &[usize], tail: usize) -> Vec<usize> {
 /// or a later snapshot). Every cut must recover `history[max(floor, first − 1 + whole
 /// frames)]`: read-only (as `cycles verify` does, leaving the file alone) and with repair
 /// (truncating to the last whole frame). Returns the number of cuts checked.
-fn sweep(src: &Path, history: &[SnapshotData], tail: usize, floor: u64) -> usize {
+fn sweep(src: &Path, history: &[SnapshotData], tail: usize, floor: u64, zeros: Zeros) -> usize {
     let work = copy_dir(src);
     let (first, segment) = last_segment(work.path());
-    let bytes = fs::read(&segment).expect("read segment");
-    let ends = frame_ends(&bytes);
-    assert_eq!(ends.last().copied().unwrap_or(HEADER), bytes.len());
+    let file = fs::read(&segment).expect("read segment");
+    let ends = frame_ends(&file);
+    let records_end = ends.last().copied().unwrap_or(HEADER);
+    assert!(
+        file[records_end..].iter().all(|&b| b == 0),
+        "only preallocated zeros after the last record"
+    );
+    // Cuts inside the records; what a cut leaves after them is tested apart.
+    let bytes = &file[..records_end];
     let cuts = cut_offsets(&ends, tail);
     let mut previous = 0;
     for &cut in &cuts {
@@ -474,8 +481,55 @@ fn sweep(src: &Path, history: &[SnapshotData], tail: usize, floor: u64) -> usize
         assert_eq!(len, valid as u64, "{what}: the torn tail is cut off");
         assert!(k >= previous, "{what}: the recovered prefix went backwards");
         previous = k;
+
+        if zeros == Zeros::Skip {
+            continue;
+        }
+        // The same cut inside preallocated space: zeros follow the torn bytes. Zeros right
+        // after whole records are a clean end and stay; after anything else they go with it.
+        // (Where the missing bytes were zeros themselves, the zeros restore them: a cut
+        // header whose version field ends in zeros, a record whose last bytes were zeros.)
+        let padded = [&bytes[..cut], &[0u8; PADDING][..]].concat();
+        fs::write(&segment, &padded).expect("write padded segment");
+        let what = format!("{what}, then {PADDING} zeros");
+        let restored = |end: usize| end <= padded.len() && padded[..end] == file[..end];
+        let header_whole = restored(HEADER);
+        let whole = ends
+            .iter()
+            .take_while(|&&e| header_whole && restored(e))
+            .count();
+        let k = (first - 1 + whole as u64).max(floor) as usize;
+        let valid = match whole {
+            0 if header_whole => HEADER,
+            0 => 0,
+            n => ends[n - 1],
+        };
+        let (read_only, _) = verify(work.path()).expect("verify");
+        assert_prefix(&format!("{what} (verify)"), &read_only, history, k);
+        let repaired = recover(work.path(), true).expect("recover");
+        assert_prefix(&format!("{what} (repair)"), &repaired, history, k);
+        let clean = header_whole && padded[valid..].iter().all(|&b| b == 0);
+        let kept = if clean { padded.len() } else { valid };
+        assert_eq!(
+            repaired.truncated_bytes,
+            (padded.len() - kept) as u64,
+            "{what}"
+        );
+        let len = fs::metadata(&segment).expect("stat").len();
+        assert_eq!(len, kept as u64, "{what}: only a torn tail is cut off");
     }
     cuts.len()
+}
+
+/// Zeros after a cut in [`sweep`], as the preallocated space after a torn write leaves them.
+const PADDING: usize = 4096;
+
+/// Whether [`sweep`] also tries each cut followed by zeros (the sweeps behind snapshots
+/// skip it: they test what a snapshot changes, and each round loads a snapshot).
+#[derive(PartialEq)]
+enum Zeros {
+    Check,
+    Skip,
 }
 
 /// Cuts the last segment of (a copy of) `src` at `cut`, opens a store on it (which repairs
@@ -553,7 +607,15 @@ async fn every_cut_of_the_journal_recovers_a_prefix() {
     assert!(records >= 50, "the workload journals most commands");
     let full = recover(h.path(), false).expect("recover");
     assert_prefix("intact journal", &full, &h.model.history, records);
-    let checked = sweep(h.path(), &h.model.history, 3, 0);
+    // The writer fills the segment with zeros ahead of its records; they are not damage.
+    let segment = fs::read(last_segment(h.path()).1).expect("read segment");
+    let records_end = frame_ends(&segment).last().copied().unwrap_or(HEADER);
+    assert!(segment.len() > records_end, "the segment is preallocated");
+    assert_eq!(
+        full.truncated_bytes, 0,
+        "zeros after the records are no torn tail"
+    );
+    let checked = sweep(h.path(), &h.model.history, 3, 0, Zeros::Check);
     assert!(checked > 1_000, "swept only {checked} offsets");
 }
 
@@ -643,7 +705,7 @@ async fn a_snapshot_and_later_records_recover_the_final_state() {
     // The journal still starts at record 1 (a lone segment is never pruned): records the
     // snapshot covers are skipped, and no cut can undo them.
     assert_eq!(last_segment(h.path()).0, 1);
-    sweep(h.path(), &h.model.history, 1, at_snapshot);
+    sweep(h.path(), &h.model.history, 1, at_snapshot, Zeros::Skip);
 }
 
 /// After a clean shutdown the snapshot covers everything: however the journal behind it is
@@ -656,7 +718,7 @@ async fn a_cut_journal_behind_a_final_snapshot_loses_nothing() {
     store.shutdown().await;
     drop(store);
     let records = h.model.history.len() - 1;
-    sweep(h.path(), &h.model.history, 1, records as u64);
+    sweep(h.path(), &h.model.history, 1, records as u64, Zeros::Skip);
     for cut in [0, 5, HEADER, HEADER + 40] {
         reopen_after_cut(h.path(), &h.model.history, cut, records).await;
     }
@@ -725,7 +787,7 @@ async fn cuts_after_rotation_recover_a_prefix() {
     let recovered = recover(h.path(), false).expect("recover");
     assert_eq!(recovered.snapshot_seq, Some(first - 1));
     assert_prefix("rotated journal", &recovered, &h.model.history, records);
-    sweep(h.path(), &h.model.history, 2, first - 1);
+    sweep(h.path(), &h.model.history, 2, first - 1, Zeros::Skip);
 }
 
 /// A snapshot waits until the journal since the previous one is at least as large as that

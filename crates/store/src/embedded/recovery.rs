@@ -1,5 +1,7 @@
-//! Recovery: the newest whole snapshot, then every journal record after it. A torn or
-//! corrupt frame at the end of the last segment is a normal crash artefact and is cut off;
+//! Recovery: the newest whole snapshot, then every journal record after it. Zeros after a
+//! segment's last record are preallocated space, not damage. A torn or corrupt frame at the
+//! end of the last segment is a normal crash artefact and is cut off (with the zeros after
+//! it: the writer fills them in again);
 //! missing history (a sequence gap, or damage before the last segment) is refused, never
 //! papered over.
 
@@ -63,7 +65,7 @@ pub fn recover(dir: &Path, repair: bool) -> io::Result<Recovered> {
                 path.display()
             )));
         }
-        let torn = end.valid_len < end.file_len;
+        let torn = !end.clean;
         if torn && i + 1 < segments.len() {
             // Only the last segment is ever being written: damage anywhere else is not a torn
             // tail and the records after it are acknowledged history.
