@@ -522,14 +522,23 @@ impl Suite {
     }
 
     /// Runs a load while a phase bar shows the elapsed window.
-    async fn load(&self, name: &str, clients: Vec<Runtime>, op: LoadOp) -> measure::Load {
+    /// One concurrent cell, with the server's counters per successful operation.
+    async fn load(
+        &mut self,
+        name: &str,
+        clients: Vec<Runtime>,
+        op: LoadOp,
+    ) -> (measure::Load, Counters) {
         let window = self.window();
         let phase = self.progress.phase(name, (window.as_millis() / 100) as u64);
         let ticker = tick(phase.clone());
+        let before = self.counters().await;
         let load = measure::concurrent(clients, op, window).await;
+        let after = self.counters().await;
         ticker.abort();
         phase.finish();
-        load
+        let per_op = after.per_op(&before, &self.overhead, load.histogram.len() as usize);
+        (load, per_op)
     }
 
     async fn lifecycles(&mut self, trial: usize) -> anyhow::Result<()> {
@@ -550,13 +559,7 @@ impl Suite {
                 }
             }
             let clients = self.clients(&tenant, None, n).await?;
-            let before = self.counters().await;
-            let load = self.load(&name, clients, LoadOp::Lifecycle).await;
-            let per_op = self.counters().await.per_op(
-                &before,
-                &self.overhead,
-                load.histogram.len() as usize,
-            );
+            let (load, per_op) = self.load(&name, clients, LoadOp::Lifecycle).await;
             let mut sample =
                 Sample::from_histogram(&load.histogram, self.window(), load.errors + warm.errors);
             sample.set_server(&per_op);
@@ -605,13 +608,7 @@ impl Suite {
         for scope in &scopes {
             before.push(self.admin.reserved(scope).await?);
         }
-        let server_before = self.counters().await;
-        let load = self.load(&name, clients, LoadOp::Reserve).await;
-        let per_op = self.counters().await.per_op(
-            &server_before,
-            &self.overhead,
-            load.histogram.len() as usize,
-        );
+        let (load, per_op) = self.load(&name, clients, LoadOp::Reserve).await;
         let expected: Vec<i64> = match shape {
             Shape::Shared => vec![load.per_client.iter().sum::<u64>() as i64 * ESTIMATE],
             Shape::Isolated => load

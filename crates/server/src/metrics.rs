@@ -64,7 +64,8 @@ impl HttpMetrics {
     /// Whether the caller is the only request in flight and requests have come one at a
     /// time for a while (see [`QUIET`]).
     pub fn alone(&self) -> bool {
-        self.alone_at(Instant::now())
+        // The counter first: under load the clock is never read.
+        self.in_flight() <= 1 && self.alone_at(Instant::now())
     }
 
     fn alone_at(&self, now: Instant) -> bool {
