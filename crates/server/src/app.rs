@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use store::{Load, Store, StoreError};
 use subtle::ConstantTimeEq;
 
+use crate::jobs::SweepCounters;
 use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
 
@@ -16,6 +17,7 @@ pub struct App {
     /// SHA-256 of the admin key: compared in constant time, never kept in plain text.
     admin_key_digest: [u8; 32],
     http_metrics: HttpMetrics,
+    sweep_counters: SweepCounters,
     public_metrics: bool,
 }
 
@@ -25,12 +27,17 @@ impl App {
             store,
             admin_key_digest: Sha256::digest(admin_api_key.as_bytes()).into(),
             http_metrics: HttpMetrics::default(),
+            sweep_counters: SweepCounters::default(),
             public_metrics,
         }
     }
 
     pub fn http_metrics(&self) -> &HttpMetrics {
         &self.http_metrics
+    }
+
+    pub fn sweep_counters(&self) -> &SweepCounters {
+        &self.sweep_counters
     }
 
     pub fn public_metrics(&self) -> bool {

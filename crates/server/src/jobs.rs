@@ -1,5 +1,6 @@
 //! Background jobs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,15 @@ use crate::app::App;
 /// of a burst of abandoned reservations, 60 s later) held the lock and the journal for
 /// milliseconds at a time, and requests queued behind it (BENCHMARKS.md).
 const SWEEP_BATCH: usize = 128;
+
+/// What the sweeper has done since the start, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct SweepCounters {
+    /// Reservations past their grace that the sweep expired (holds returned).
+    pub expired: AtomicU64,
+    /// Terminal reservations and idempotency records removed past their retention.
+    pub evicted: AtomicU64,
+}
 
 pub struct Sweeper {
     stop: watch::Sender<bool>,
@@ -49,8 +59,18 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration) -> Sweeper {
                     .execute(Command::Maintain { limit: SWEEP_BATCH }, Load::Busy)
                     .await;
                 match reply.map(|r| r.result) {
-                    Ok(Ok(Outcome::Maintained { expired, evicted }))
-                        if expired == SWEEP_BATCH || evicted == SWEEP_BATCH => {}
+                    Ok(Ok(Outcome::Maintained { expired, evicted })) => {
+                        let counters = app.sweep_counters();
+                        counters
+                            .expired
+                            .fetch_add(expired as u64, Ordering::Relaxed);
+                        counters
+                            .evicted
+                            .fetch_add(evicted as u64, Ordering::Relaxed);
+                        if expired < SWEEP_BATCH && evicted < SWEEP_BATCH {
+                            break;
+                        }
+                    }
                     Ok(Ok(_)) => break,
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "maintenance refused");

@@ -200,6 +200,21 @@ fn render(app: &App) -> String {
         "gauge",
         app.http_metrics().in_flight(),
     );
+    let sweep = app.sweep_counters();
+    gauge(
+        &mut out,
+        "cycles_sweep_expired_total",
+        "Reservations the background sweep expired past their grace (holds returned).",
+        "counter",
+        sweep.expired.load(Ordering::Relaxed),
+    );
+    gauge(
+        &mut out,
+        "cycles_sweep_evicted_total",
+        "Terminal reservations and idempotency records removed past their retention.",
+        "counter",
+        sweep.evicted.load(Ordering::Relaxed),
+    );
     for m in app.store().metrics() {
         let kind = if m.counter { "counter" } else { "gauge" };
         gauge(&mut out, m.name, m.help, kind, m.value);

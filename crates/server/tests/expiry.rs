@@ -379,5 +379,24 @@ async fn sweep_expires_lapsed_reservations_untouched(engine: Engine) {
     get(&s, &key, &c)
         .await
         .expect(410, Some("RESERVATION_EXPIRED"));
+    wait_for_metric(&s, "cycles_sweep_expired_total", 3).await;
     s.stop().await;
+}
+
+/// Polls `/metrics` until the counter `name` reads `want`; at most ~2 s (the sweeper counts
+/// a batch just after the ledger applied it).
+async fn wait_for_metric(s: &TestServer, name: &str, want: u64) {
+    let mut seen = None;
+    for _ in 0..100 {
+        let resp = s.get("/metrics", As::Admin).await;
+        let text = resp.body.as_str().unwrap_or_default().to_owned();
+        seen = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok());
+        if seen == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{name} is {seen:?}, expected {want}");
 }
