@@ -48,17 +48,9 @@ impl SortBy {
         Self::ALL.into_iter().find(|v| v.as_str() == s)
     }
 
-    /// Which index serves this order. Listings are per tenant, so ordering by tenant is
-    /// ordering by the tie-breaker, the reservation id.
-    fn index(self) -> usize {
-        match self {
-            SortBy::ReservationId | SortBy::Tenant => 0,
-            SortBy::ScopePath => 1,
-            SortBy::Status => 2,
-            SortBy::Reserved => 3,
-            SortBy::CreatedAt => 4,
-            SortBy::ExpiresAt => 5,
-        }
+    /// Whether this order's values are text (else integers).
+    pub fn is_text(self) -> bool {
+        matches!(Order::from(self), Order::Id | Order::Scope)
     }
 }
 
@@ -76,11 +68,13 @@ pub type Position = (SortValue, String);
 /// keys or more, and following a pointer for each comparison costs a cache miss each time;
 /// the inline bytes decide most comparisons alone (ids differ within their first bytes).
 /// Ordered exactly as the string: zero padding sorts before every byte that could follow.
-/// The head is kept as one big-endian integer, so comparing heads is an integer comparison
-/// (the same order as comparing the bytes) rather than a call to `memcmp`.
+/// The head is kept as two big-endian integers, so comparing heads is integer comparisons
+/// (the same order as comparing the bytes) rather than a call to `memcmp`; two `u64`s
+/// rather than one `u128` keep the key 8-byte aligned, so an `(i64, Text)` key is 40 bytes
+/// (a `u128` would pad it to 48) and more keys share a cache line.
 #[derive(Debug, Clone)]
 struct Text {
-    head: u128,
+    head: (u64, u64),
     full: Arc<str>,
 }
 
@@ -96,10 +90,17 @@ impl Text {
         let mut head = [0; TEXT_HEAD];
         let n = s.len().min(TEXT_HEAD);
         head[..n].copy_from_slice(&s.as_bytes()[..n]);
+        let (high, low) = head.split_at(TEXT_HEAD / 2);
+        let word = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_default());
         Text {
-            head: u128::from_be_bytes(head),
+            head: (word(high), word(low)),
             full,
         }
+    }
+
+    /// The lowest key: sorts before every other string.
+    fn empty() -> Text {
+        Text::new("")
     }
 }
 
@@ -129,33 +130,72 @@ impl PartialEq for Text {
 
 impl Eq for Text {}
 
-/// A [`SortValue`] as stored in an index key (same order).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Key {
-    Int(i64),
-    Text(Text),
+/// The orders of one tenant's reservations, each a set of keys typed for its field (an id
+/// order of ids alone, integer orders of `(value, id)`: the smaller the key, the more of
+/// them a B-tree node holds and the fewer cache lines an insert touches), plus ACTIVE/…
+/// partitions by creation time (so "find stuck ACTIVE reservations" does not scan the
+/// finished ones). Equal indexes also count the same scopes: `State::verify` compares an
+/// index with one rebuilt from the rows, so a scope kept after its last row left shows
+/// there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ListIndex {
+    by_id: BTreeSet<Text>,
+    by_scope: BTreeSet<(Text, Text)>,
+    /// Indexed by [`IntOrder`].
+    by_int: [BTreeSet<(i64, Text)>; INT_ORDERS],
+    by_status_created: BTreeSet<(u8, i64, Text)>,
+    scopes: Scopes,
 }
 
-impl From<&SortValue> for Key {
-    fn from(value: &SortValue) -> Key {
-        match value {
-            SortValue::Int(v) => Key::Int(*v),
-            SortValue::Text(t) => Key::Text(Text::new(t)),
+/// The orders by an integer field, in `ListIndex::by_int`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntOrder {
+    Status,
+    Reserved,
+    CreatedAt,
+    ExpiresAt,
+}
+
+const INT_ORDERS: usize = 4;
+
+impl IntOrder {
+    const ALL: [IntOrder; INT_ORDERS] = [
+        IntOrder::Status,
+        IntOrder::Reserved,
+        IntOrder::CreatedAt,
+        IntOrder::ExpiresAt,
+    ];
+
+    fn value(self, r: &Reservation) -> i64 {
+        match self {
+            IntOrder::Status => i64::from(status_rank(r.status)),
+            IntOrder::Reserved => r.estimate,
+            IntOrder::CreatedAt => r.created_at_ms,
+            IntOrder::ExpiresAt => r.expires_at_ms,
         }
     }
 }
 
-type Entry = (Key, Text);
+/// Which set serves a listing order. Listings are per tenant, so ordering by tenant is
+/// ordering by the tie-breaker, the reservation id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Id,
+    Scope,
+    Int(IntOrder),
+}
 
-/// The six orders of one tenant's reservations, plus ACTIVE/… partitions by creation time
-/// (so "find stuck ACTIVE reservations" does not scan the finished ones). Equal indexes
-/// also count the same scopes: `State::verify` compares an index with one rebuilt from the
-/// rows, so a scope kept after its last row left shows there.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct ListIndex {
-    sorted: [BTreeSet<Entry>; 6],
-    by_status_created: BTreeSet<(u8, i64, Text)>,
-    scopes: Scopes,
+impl From<SortBy> for Order {
+    fn from(sort: SortBy) -> Order {
+        match sort {
+            SortBy::ReservationId | SortBy::Tenant => Order::Id,
+            SortBy::ScopePath => Order::Scope,
+            SortBy::Status => Order::Int(IntOrder::Status),
+            SortBy::Reserved => Order::Int(IntOrder::Reserved),
+            SortBy::CreatedAt => Order::Int(IntOrder::CreatedAt),
+            SortBy::ExpiresAt => Order::Int(IntOrder::ExpiresAt),
+        }
+    }
 }
 
 /// One shared copy of each scope path of a tenant's reservations, with the number of rows
@@ -201,107 +241,109 @@ fn status_rank(s: ReservationStatus) -> u8 {
     s as u8
 }
 
-/// The index keys of `r`, in index order (`id` is `r`'s id, shared by all of them; `scope`
-/// gives the scope path's key).
-fn sort_keys(r: &Reservation, id: &Text, mut scope: impl FnMut(&str) -> Text) -> [Key; 6] {
-    std::array::from_fn(|order| sort_key(r, id, order, &mut scope))
-}
-
-/// The field of `r` that index `order` sorts by (see [`SortBy::index`]), borrowed.
+/// The field of `r` that `sort` orders by, borrowed.
 #[derive(PartialEq)]
 enum Field<'a> {
     Int(i64),
     Text(&'a str),
 }
 
-fn field(r: &Reservation, order: usize) -> Field<'_> {
-    match order {
-        0 => Field::Text(&r.reservation_id),
-        1 => Field::Text(&r.scope_path),
-        2 => Field::Int(i64::from(status_rank(r.status))),
-        3 => Field::Int(r.estimate),
-        4 => Field::Int(r.created_at_ms),
-        _ => Field::Int(r.expires_at_ms),
+fn field(r: &Reservation, sort: SortBy) -> Field<'_> {
+    match Order::from(sort) {
+        Order::Id => Field::Text(&r.reservation_id),
+        Order::Scope => Field::Text(&r.scope_path),
+        Order::Int(order) => Field::Int(order.value(r)),
     }
 }
 
-/// The index key of `r` under index `order`.
-fn sort_key(r: &Reservation, id: &Text, order: usize, scope: &mut impl FnMut(&str) -> Text) -> Key {
-    match field(r, order) {
-        Field::Int(v) => Key::Int(v),
-        // The id order keys by the id itself: share it rather than copy it.
-        Field::Text(_) if order == 0 => Key::Text(id.clone()),
-        Field::Text(t) => Key::Text(scope(t)),
+/// Walks `set` from just after `cursor` (or from its start), ascending or descending.
+fn walk<'a, K: Ord>(
+    set: &'a BTreeSet<K>,
+    cursor: Option<K>,
+    descending: bool,
+    id: fn(&'a K) -> &'a str,
+) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+    match (descending, cursor) {
+        (false, None) => Box::new(set.iter().map(id)),
+        (true, None) => Box::new(set.iter().rev().map(id)),
+        (false, Some(c)) => Box::new(set.range((Bound::Excluded(c), Bound::Unbounded)).map(id)),
+        (true, Some(c)) => Box::new(
+            set.range((Bound::Unbounded, Bound::Excluded(c)))
+                .rev()
+                .map(id),
+        ),
     }
-}
-
-/// Whether `a` and `b` sort alike under index `order`.
-fn same_sort_value(a: &Reservation, b: &Reservation, order: usize) -> bool {
-    field(a, order) == field(b, order)
 }
 
 impl ListIndex {
     /// Builds the index of many reservations at once (sorting, then bulk-loading each set:
     /// far faster than inserting one by one when a snapshot is loaded).
     pub(crate) fn build<'a>(rows: impl Iterator<Item = &'a Reservation>) -> Self {
-        let mut sorted: [Vec<Entry>; 6] = Default::default();
+        let mut by_id = Vec::new();
+        let mut by_scope = Vec::new();
+        let mut by_int: [Vec<(i64, Text)>; INT_ORDERS] = Default::default();
         let mut by_status_created = Vec::new();
         let mut scopes = Scopes::default();
         for r in rows {
             let id = Text::new(&r.reservation_id);
-            let keys = sort_keys(r, &id, |s| scopes.acquire(s));
-            for (entries, key) in sorted.iter_mut().zip(keys) {
-                entries.push((key, id.clone()));
+            by_scope.push((scopes.acquire(&r.scope_path), id.clone()));
+            for (entries, order) in by_int.iter_mut().zip(IntOrder::ALL) {
+                entries.push((order.value(r), id.clone()));
             }
-            by_status_created.push((status_rank(r.status), r.created_at_ms, id));
+            by_status_created.push((status_rank(r.status), r.created_at_ms, id.clone()));
+            by_id.push(id);
         }
         ListIndex {
-            sorted: sorted.map(BTreeSet::from_iter),
-            by_status_created: by_status_created.into_iter().collect(),
+            by_id: BTreeSet::from_iter(by_id),
+            by_scope: BTreeSet::from_iter(by_scope),
+            by_int: by_int.map(BTreeSet::from_iter),
+            by_status_created: BTreeSet::from_iter(by_status_created),
             scopes,
         }
     }
 
     pub(crate) fn insert(&mut self, r: &Reservation) {
         let id = Text::new(&r.reservation_id);
-        let keys = sort_keys(r, &id, |s| self.scopes.acquire(s));
-        for (set, key) in self.sorted.iter_mut().zip(keys) {
-            set.insert((key, id.clone()));
+        let scope = self.scopes.acquire(&r.scope_path);
+        self.by_scope.insert((scope, id.clone()));
+        for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
+            set.insert((order.value(r), id.clone()));
         }
         self.by_status_created
-            .insert((status_rank(r.status), r.created_at_ms, id));
+            .insert((status_rank(r.status), r.created_at_ms, id.clone()));
+        self.by_id.insert(id);
     }
 
     pub(crate) fn remove(&mut self, r: &Reservation) {
         let id = Text::new(&r.reservation_id);
-        let keys = sort_keys(r, &id, |s| self.scopes.find(s));
-        for (set, key) in self.sorted.iter_mut().zip(keys) {
-            set.remove(&(key, id.clone()));
+        self.by_scope
+            .remove(&(self.scopes.find(&r.scope_path), id.clone()));
+        self.scopes.release(&r.scope_path);
+        for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
+            set.remove(&(order.value(r), id.clone()));
         }
         self.by_status_created
-            .remove(&(status_rank(r.status), r.created_at_ms, id));
-        self.scopes.release(&r.scope_path);
+            .remove(&(status_rank(r.status), r.created_at_ms, id.clone()));
+        self.by_id.remove(&id);
     }
 
     /// Moves `old` to where `new` (the same reservation, changed) belongs, touching only
-    /// the orders whose value changed.
+    /// the orders whose value changed. The id never changes.
     pub(crate) fn update(&mut self, old: &Reservation, new: &Reservation) {
         let id = Text::new(&new.reservation_id);
-        let scopes = &mut self.scopes;
-        for (order, set) in self.sorted.iter_mut().enumerate() {
-            if !same_sort_value(old, new, order) {
-                set.remove(&(
-                    sort_key(old, &id, order, &mut |s| scopes.find(s)),
-                    id.clone(),
-                ));
-                set.insert((
-                    sort_key(new, &id, order, &mut |s| scopes.acquire(s)),
-                    id.clone(),
-                ));
-            }
-        }
         if old.scope_path != new.scope_path {
-            scopes.release(&old.scope_path);
+            self.by_scope
+                .remove(&(self.scopes.find(&old.scope_path), id.clone()));
+            self.scopes.release(&old.scope_path);
+            let scope = self.scopes.acquire(&new.scope_path);
+            self.by_scope.insert((scope, id.clone()));
+        }
+        for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
+            let (before, after) = (order.value(old), order.value(new));
+            if before != after {
+                set.remove(&(before, id.clone()));
+                set.insert((after, id.clone()));
+            }
         }
         if (old.status, old.created_at_ms) != (new.status, new.created_at_ms) {
             self.by_status_created.remove(&(
@@ -319,7 +361,8 @@ impl ListIndex {
     }
 
     /// Reservation ids in order, starting after `after`. With `status` and a creation-time
-    /// order, only that status's partition is walked.
+    /// order, only that status's partition is walked. A cursor whose value is not of the
+    /// order's kind (the protocol layer refuses those) lists nothing.
     pub(crate) fn ids<'a>(
         &'a self,
         sort: SortBy,
@@ -331,20 +374,31 @@ impl ListIndex {
         if let (SortBy::CreatedAt, Some(status)) = (sort, status) {
             return self.status_partition(status_rank(status), descending, after, created);
         }
-        let set = &self.sorted[sort.index()];
-        let cursor = after.map(|(v, id)| (Key::from(v), Text::new(id)));
-        let ids = |e: &'a Entry| -> &'a str { &e.1.full };
-        match (descending, cursor) {
-            (false, None) => Box::new(set.iter().map(ids)),
-            (true, None) => Box::new(set.iter().rev().map(ids)),
-            (false, Some(c)) => {
-                Box::new(set.range((Bound::Excluded(c), Bound::Unbounded)).map(ids))
+        match (Order::from(sort), after) {
+            (Order::Id, None) => walk(&self.by_id, None, descending, |t| &t.full),
+            (Order::Id, Some((_, id))) => {
+                walk(&self.by_id, Some(Text::new(id)), descending, |t| &t.full)
             }
-            (true, Some(c)) => Box::new(
-                set.range((Bound::Unbounded, Bound::Excluded(c)))
-                    .rev()
-                    .map(ids),
+            (Order::Scope, None) => walk(&self.by_scope, None, descending, |e| &e.1.full),
+            (Order::Scope, Some((SortValue::Text(scope), id))) => walk(
+                &self.by_scope,
+                Some((Text::new(scope), Text::new(id))),
+                descending,
+                |e| &e.1.full,
             ),
+            (Order::Int(order), None) => {
+                walk(&self.by_int[order as usize], None, descending, |e| {
+                    &e.1.full
+                })
+            }
+            (Order::Int(order), Some((SortValue::Int(v), id))) => walk(
+                &self.by_int[order as usize],
+                Some((*v, Text::new(id))),
+                descending,
+                |e| &e.1.full,
+            ),
+            (Order::Scope, Some((SortValue::Int(_), _)))
+            | (Order::Int(_), Some((SortValue::Text(_), _))) => Box::new(std::iter::empty()),
         }
     }
 
@@ -355,19 +409,22 @@ impl ListIndex {
         after: Option<&Position>,
         (from, to): (Option<Millis>, Option<Millis>),
     ) -> Box<dyn Iterator<Item = &'a str> + 'a> {
-        let empty = Text::new("");
-        let mut lower = Bound::Included((rank, from.unwrap_or(i64::MIN), empty.clone()));
+        let mut lower = Bound::Included((rank, from.unwrap_or(i64::MIN), Text::empty()));
         let mut upper = match to.and_then(|t| t.checked_add(1)) {
-            Some(t) => Bound::Excluded((rank, t, empty)),
-            None => Bound::Excluded((rank.saturating_add(1), i64::MIN, empty)),
+            Some(t) => Bound::Excluded((rank, t, Text::empty())),
+            None => Bound::Excluded((rank.saturating_add(1), i64::MIN, Text::empty())),
         };
-        if let Some((SortValue::Int(at), id)) = after {
-            let c = Bound::Excluded((rank, *at, Text::new(id)));
-            if descending {
-                upper = c;
-            } else {
-                lower = c;
+        match after {
+            Some((SortValue::Int(at), id)) => {
+                let c = Bound::Excluded((rank, *at, Text::new(id)));
+                if descending {
+                    upper = c;
+                } else {
+                    lower = c;
+                }
             }
+            Some((SortValue::Text(_), _)) => return Box::new(std::iter::empty()),
+            None => {}
         }
         let iter = self.by_status_created.range((lower, upper));
         let ids = |e: &'a (u8, i64, Text)| -> &'a str { &e.2.full };
@@ -381,7 +438,7 @@ impl ListIndex {
 
 /// The position of `r` in `sort` order (for cursors).
 pub fn position(r: &Reservation, sort: SortBy) -> Position {
-    let value = match field(r, sort.index()) {
+    let value = match field(r, sort) {
         Field::Int(v) => SortValue::Int(v),
         Field::Text(t) => SortValue::Text(t.to_string()),
     };

@@ -54,6 +54,9 @@ fn decode_list_cursor(raw: &str, q: &ListQuery) -> Result<Position, ApiError> {
     if c.s != q.sort_by.as_str() || c.d != q.descending || c.f != filter_hash(q) {
         return Err(invalid("issued for a different sort or filters"));
     }
+    if matches!(c.v, SortValue::Text(_)) != q.sort_by.is_text() {
+        return Err(invalid("malformed"));
+    }
     Ok((c.v, c.i))
 }
 

@@ -251,7 +251,27 @@ async fn cursors_are_bound_to_their_query(engine: Engine) {
     s.get("/v1/reservations?cursor=not-a-cursor", As::Key(&key))
         .await
         .expect(400, Some("INVALID_REQUEST"));
+    // A cursor edited so that its position is text in a numeric order is refused too.
+    s.get(
+        &format!("/v1/reservations?limit=2&agent=a&cursor={}", retyped(c)),
+        As::Key(&key),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
     s.stop().await;
+}
+
+/// `cursor` (hex of JSON) with its numeric position replaced by a text one.
+fn retyped(cursor: &str) -> String {
+    let bytes: Vec<u8> = (0..cursor.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&cursor[i..i + 2], 16).expect("hex cursor"))
+        .collect();
+    let mut c: Value = serde_json::from_slice(&bytes).expect("JSON cursor");
+    assert!(c["v"].get("Int").is_some(), "a numeric position: {c}");
+    c["v"] = json!({"Text": "zzz"});
+    let edited = serde_json::to_vec(&c).expect("JSON");
+    edited.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 async fn admin_listing_requires_a_tenant(engine: Engine) {
