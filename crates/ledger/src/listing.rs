@@ -356,6 +356,21 @@ impl ListIndex {
         }
     }
 
+    /// Moves `r` from status `old` to its current status, nothing else about it changed.
+    pub(crate) fn restatus(&mut self, r: &Reservation, old: ReservationStatus) {
+        if old == r.status {
+            return;
+        }
+        let id = Text::new(&r.reservation_id);
+        let by_status = &mut self.by_int[IntOrder::Status as usize];
+        by_status.remove(&(i64::from(status_rank(old)), id.clone()));
+        by_status.insert((i64::from(status_rank(r.status)), id.clone()));
+        self.by_status_created
+            .remove(&(status_rank(old), r.created_at_ms, id.clone()));
+        self.by_status_created
+            .insert((status_rank(r.status), r.created_at_ms, id));
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.by_status_created.is_empty()
     }

@@ -29,6 +29,15 @@ pub enum Effect {
     PutIdempotency(IdemKey, Arc<IdemRecord>),
     RemoveReservation(String),
     RemoveIdempotency(IdemKey),
+    /// An ACTIVE reservation past its grace became EXPIRED at `at_ms` (the `PutBudget`s
+    /// beside it return its hold). Recorded as the change alone, not the whole reservation:
+    /// expiry is the one transition a sweep makes in bulk, so its record is a fraction of
+    /// a `PutReservation`, and the state's copy is changed in place when nothing else
+    /// holds it (no clone of the reservation, no allocation).
+    ExpireReservation {
+        reservation_id: String,
+        at_ms: Millis,
+    },
 }
 
 /// Something that is due for eviction at a time.
@@ -232,7 +241,34 @@ impl State {
                         .remove(&(old.expires_at_ms, Evictable::Idempotency(k.clone())));
                 }
             }
+            Effect::ExpireReservation {
+                reservation_id,
+                at_ms,
+            } => self.expire_reservation(reservation_id, *at_ms),
         }
+    }
+
+    /// Marks an ACTIVE reservation EXPIRED at `at` and moves it in the indexes (its status
+    /// and its lapse change; the other orders do not). Anything but an ACTIVE reservation
+    /// is left alone: the effect is only ever recorded for one.
+    fn expire_reservation(&mut self, id: &str, at: Millis) {
+        let Some(slot) = self.reservations.get_mut(id) else {
+            return;
+        };
+        if slot.status != ReservationStatus::Active {
+            return;
+        }
+        let before = Lapse::of(slot);
+        // In place unless a snapshot or a reply still shares this copy.
+        let r = Arc::make_mut(slot);
+        r.status = ReservationStatus::Expired;
+        r.expired_at_ms = Some(at);
+        let r = slot.clone();
+        if let Some(index) = self.list_index.get_mut(&r.tenant_id) {
+            index.restatus(&r, ReservationStatus::Active);
+        }
+        self.remove_lapse_at(before, &r.reservation_id);
+        self.add_lapse(&r);
     }
 
     fn put_reservation(&mut self, r: &Arc<Reservation>) {
@@ -300,8 +336,12 @@ impl State {
     }
 
     fn remove_lapse(&mut self, r: &Reservation) {
-        let id = r.reservation_id.clone();
-        match Lapse::of(r) {
+        self.remove_lapse_at(Lapse::of(r), &r.reservation_id);
+    }
+
+    fn remove_lapse_at(&mut self, lapse: Lapse, id: &str) {
+        let id = id.to_string();
+        match lapse {
             Lapse::Expires(at) => self.expiry_index.remove(&(at, id)),
             Lapse::Evicted(at) => self
                 .retention_index

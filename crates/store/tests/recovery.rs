@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::{
-    apply, Action, Actor, Command, CommitCmd, FundCmd, FundingOp, Idempotency, NewApiKey,
+    apply, Action, Actor, Command, CommitCmd, Effect, FundCmd, FundingOp, Idempotency, NewApiKey,
     NewBudget, NewTenant, ReleaseCmd, ReserveCmd, SnapshotData, State, Subject, Unit,
 };
 use store::embedded::{recover, verify, Durability, EmbeddedConfig, EmbeddedStore, Recovered};
@@ -109,6 +109,10 @@ fn provisioning() -> Vec<Command> {
 }
 
 fn reserve(id: &str, estimate: i64) -> Command {
+    reserve_for(id, estimate, None)
+}
+
+fn reserve_for(id: &str, estimate: i64, ttl_ms: Option<i64>) -> Command {
     Command::Reserve(ReserveCmd {
         actor: Actor::ApiKey(DIGEST),
         idem: idem(format!("reserve-{id}")),
@@ -125,7 +129,7 @@ fn reserve(id: &str, estimate: i64) -> Command {
         },
         unit: UNIT,
         estimate,
-        ttl_ms: None,
+        ttl_ms,
         grace_period_ms: 0,
         overage_policy: None,
         dry_run: false,
@@ -169,8 +173,9 @@ fn credit(n: usize) -> Command {
 }
 
 /// `len` commands: provisioning, then reservations that are committed, released, left
-/// ACTIVE or followed by a funding credit, plus a rejected second commit now and then (it
-/// writes nothing, so the history must not count it). `start` keeps ids unique when a test
+/// ACTIVE, left to lapse and expired by a maintenance command, or followed by a funding
+/// credit, plus a rejected second commit now and then (it writes nothing, so the history
+/// must not count it). `start` keeps ids unique when a test
 /// drives two workloads into one store.
 fn workload(start: usize, len: usize) -> Vec<Command> {
     let mut commands = if start == 0 {
@@ -182,6 +187,13 @@ fn workload(start: usize, len: usize) -> Vec<Command> {
     while commands.len() < len {
         let id = format!("res-{n}");
         let estimate = 1_000 + 7 * n as i64;
+        if n % 10 == 4 {
+            // Lapses before the next command (STEP_MS later), which expires it.
+            commands.push(reserve_for(&id, estimate, Some(1)));
+            commands.push(Command::Maintain { limit: 16 });
+            n += 1;
+            continue;
+        }
         commands.push(reserve(&id, estimate));
         match n % 5 {
             0 => commands.push(commit(&id, &id, estimate / 2)),
@@ -597,6 +609,24 @@ async fn crashed_journal() -> Harness {
 // ---------------------------------------------------------------------------------------
 // Tests
 // ---------------------------------------------------------------------------------------
+
+/// The workload exercises every kind of record the journal holds, expiry included.
+#[test]
+fn the_workload_expires_reservations() {
+    let mut state = State::new();
+    let mut now = T0;
+    let mut expired = 0;
+    for command in workload(0, OPS) {
+        now += STEP_MS;
+        let applied = apply(&mut state, command, now);
+        expired += applied
+            .effects
+            .iter()
+            .filter(|e| matches!(e, Effect::ExpireReservation { .. }))
+            .count();
+    }
+    assert!(expired >= 2, "{expired} expiries in the workload");
+}
 
 /// Every byte offset of the journal: the recovered state is the state after the records
 /// that survived whole, never more, never less, and the ledger's rules hold.

@@ -1,5 +1,6 @@
 //! Settling reservations: commit, release, extend, expire, and reading one.
 
+use std::ops::Deref;
 use std::sync::Arc;
 
 use crate::{
@@ -82,12 +83,16 @@ impl Tx<'_> {
     }
 
     /// Expires an ACTIVE reservation: its hold returns to every budget it was taken from.
-    pub(crate) fn expire(&mut self, r: &Reservation) -> Result<(), Rejection> {
-        self.return_hold(r)?;
-        let mut expired = r.clone();
-        expired.status = ReservationStatus::Expired;
-        expired.expired_at_ms = Some(self.now);
-        self.put(Effect::PutReservation(Arc::new(expired)));
+    /// `r` is let go before the state changes, so that a caller passing the state's own
+    /// `Arc` leaves it unshared and the state's copy is changed in place.
+    pub(crate) fn expire(&mut self, r: impl Deref<Target = Reservation>) -> Result<(), Rejection> {
+        self.return_hold(&r)?;
+        let reservation_id = r.reservation_id.clone();
+        drop(r);
+        self.put(Effect::ExpireReservation {
+            reservation_id,
+            at_ms: self.now,
+        });
         Ok(())
     }
 

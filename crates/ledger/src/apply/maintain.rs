@@ -1,6 +1,8 @@
 //! Background maintenance: expiry of lapsed reservations and eviction past retention.
 
-use crate::{state::Evictable, Effect, Outcome};
+use std::collections::HashSet;
+
+use crate::{state::Evictable, Effect, Outcome, Unit};
 
 use super::Tx;
 
@@ -23,10 +25,11 @@ impl Tx<'_> {
             };
             // A reservation whose budgets cannot take the hold back stays ACTIVE and is
             // reported by `cycles verify`; it must never be marked EXPIRED without a refund.
-            if self.expire(&r).is_ok() {
+            if self.expire(r).is_ok() {
                 expired += 1;
             }
         }
+        self.coalesce_budget_writes();
         let stale: Vec<Evictable> = self
             .state
             .retention_index
@@ -43,5 +46,24 @@ impl Tx<'_> {
             });
         }
         Outcome::Maintained { expired, evicted }
+    }
+
+    /// Keeps only the last `PutBudget` of each budget among this command's effects. Each
+    /// one writes the whole budget, so a replay keeps the last and the earlier ones change
+    /// nothing; a batch of expiries on one shared budget would otherwise journal that
+    /// budget once per reservation.
+    fn coalesce_budget_writes(&mut self) {
+        let mut seen: HashSet<(&str, Unit)> = HashSet::new();
+        let keep: Vec<bool> = self
+            .effects
+            .iter()
+            .rev()
+            .map(|e| match e {
+                Effect::PutBudget(b) => seen.insert((b.scope.as_str(), b.unit)),
+                _ => true,
+            })
+            .collect();
+        let mut keep = keep.into_iter().rev();
+        self.effects.retain(|_| keep.next().unwrap_or(true));
     }
 }
