@@ -30,16 +30,20 @@ pub fn write_snapshot<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Resul
     header.extend_from_slice(&seq.to_le_bytes());
     header.resize(HEADER_LEN as usize, 0);
     file.write_all(&header)?;
-    let mut payload = Checksummed {
-        inner: BufWriter::with_capacity(1 << 20, &mut file),
-        len: 0,
-        crc: 0,
-    };
+    // The checksum is taken of the buffer's whole chunks as they go to the file, not of
+    // each field's few bytes as the encoder writes them.
+    let mut payload = BufWriter::with_capacity(
+        1 << 20,
+        Checksummed {
+            inner: &mut file,
+            len: 0,
+            crc: 0,
+        },
+    );
     postcard::to_io(data, &mut payload)
         .map_err(|e| io::Error::other(format!("snapshot encode: {e}")))?;
-    let (len, crc) = (payload.len, payload.crc);
-    payload.inner.flush()?;
-    drop(payload);
+    let summed = payload.into_inner().map_err(|e| e.into_error())?;
+    let (len, crc) = (summed.len, summed.crc);
     file.seek(SeekFrom::Start(16))?;
     file.write_all(&len.to_le_bytes())?;
     file.write_all(&crc.to_le_bytes())?;
