@@ -8,40 +8,46 @@
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use protocol::{ApiError, ErrorBody, MAX_BODY_BYTES};
 
 use crate::ids;
 
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
-pub const TRACE_ID_HEADER: &str = "x-cycles-trace-id";
+// Header names as `HeaderName` constants: inserting by `&str` would copy a non-standard
+// name into a new allocation on every response.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+pub const TRACE_ID_HEADER: HeaderName = HeaderName::from_static("x-cycles-trace-id");
 
-/// The ids of one request.
+/// The ids of one request, as the header values they are answered in.
 #[derive(Debug)]
 pub struct Correlation {
-    pub request_id: String,
-    pub trace_id: String,
+    pub request_id: HeaderValue,
+    pub trace_id: HeaderValue,
 }
 
 pub async fn layer(request: Request, next: Next) -> Response {
     let correlation = Correlation {
         request_id: ids::request_id(),
-        trace_id: inbound_trace_id(request.headers()).unwrap_or_else(ids::trace_id),
+        trace_id: inbound_trace_id(request.headers())
+            .and_then(|id| HeaderValue::from_str(id).ok())
+            .unwrap_or_else(ids::trace_id),
     };
     let response = next.run(request).await;
-    finish(response, &correlation)
+    finish(response, correlation)
 }
 
-fn finish(mut response: Response, c: &Correlation) -> Response {
+fn finish(mut response: Response, c: Correlation) -> Response {
     let status = response.status();
     let error = response.extensions_mut().remove::<ApiError>().or_else(|| {
         (status.is_client_error() || status.is_server_error()).then(|| framework_error(status))
     });
     if let Some(error) = error {
-        let body = serde_json::to_vec(&ErrorBody::new(&error, &c.request_id, &c.trace_id))
-            .unwrap_or_default();
+        let text = |v: &HeaderValue| v.to_str().unwrap_or_default().to_owned();
+        let (request_id, trace_id) = (text(&c.request_id), text(&c.trace_id));
+        let body =
+            serde_json::to_vec(&ErrorBody::new(&error, &request_id, &trace_id)).unwrap_or_default();
         let status =
             StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let (mut parts, _) = response.into_parts();
@@ -54,12 +60,8 @@ fn finish(mut response: Response, c: &Correlation) -> Response {
         response = Response::from_parts(parts, Body::from(body));
     }
     let headers = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&c.request_id) {
-        headers.insert(REQUEST_ID_HEADER, v);
-    }
-    if let Ok(v) = HeaderValue::from_str(&c.trace_id) {
-        headers.insert(TRACE_ID_HEADER, v);
-    }
+    headers.insert(REQUEST_ID_HEADER, c.request_id);
+    headers.insert(TRACE_ID_HEADER, c.trace_id);
     response
 }
 
@@ -94,7 +96,7 @@ fn not_all_zero(s: &str) -> bool {
 }
 
 /// The inbound trace id by the spec's precedence, or `None` to generate one.
-pub fn inbound_trace_id(headers: &HeaderMap) -> Option<String> {
+pub fn inbound_trace_id(headers: &HeaderMap) -> Option<&str> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(tp) = get("traceparent") {
         let parts: Vec<&str> = tp.trim().split('-').collect();
@@ -106,14 +108,13 @@ pub fn inbound_trace_id(headers: &HeaderMap) -> Option<String> {
                 && not_all_zero(span)
                 && is_lower_hex(flags, 2)
             {
-                return Some(trace.to_string());
+                return Some(trace);
             }
         }
     }
-    get(TRACE_ID_HEADER)
+    get(TRACE_ID_HEADER.as_str())
         .map(str::trim)
         .filter(|t| is_lower_hex(t, 32) && not_all_zero(t))
-        .map(str::to_string)
 }
 
 #[cfg(test)]

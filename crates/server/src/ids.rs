@@ -1,5 +1,6 @@
 //! Identifiers and secrets. The ledger never invents ids; they are made here.
 
+use axum::http::HeaderValue;
 use rand::distr::{Alphanumeric, SampleString};
 use rand::Rng;
 use uuid::{Builder, Uuid};
@@ -10,8 +11,16 @@ fn uuid_v4() -> Uuid {
     Builder::from_random_bytes(rand::rng().random()).into_uuid()
 }
 
-pub fn request_id() -> String {
-    uuid_v4().to_string()
+/// A request id (hyphenated UUID), made as the response header it is sent in: encoded on
+/// the stack, so the header value is its only allocation.
+pub fn request_id() -> HeaderValue {
+    let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+    header_value(uuid_v4().hyphenated().encode_lower(&mut text))
+}
+
+/// `text` (ASCII by construction) as a header value.
+fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).expect("ids are ASCII hex and hyphens")
 }
 
 pub fn reservation_id() -> String {
@@ -42,12 +51,13 @@ pub fn new_key_secret() -> String {
     )
 }
 
-/// A random W3C trace id (32 lowercase hex, never all zero).
-pub fn trace_id() -> String {
+/// A random W3C trace id (32 lowercase hex, never all zero), as a header value.
+pub fn trace_id() -> HeaderValue {
+    let mut text = [0; uuid::fmt::Simple::LENGTH];
     loop {
-        let id = uuid_v4().simple().to_string();
+        let id = uuid_v4().simple().encode_lower(&mut text);
         if id.bytes().any(|b| b != b'0') {
-            return id;
+            return header_value(id);
         }
     }
 }

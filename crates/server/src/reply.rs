@@ -1,12 +1,15 @@
 //! Building responses.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use std::io::Write;
+
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ledger::Outcome;
 use protocol::ApiError;
 use serde::Serialize;
 
-pub const TENANT_HEADER: &str = "x-cycles-tenant";
+/// A `HeaderName` constant: inserting by `&str` would allocate a copy of the name per response.
+pub const TENANT_HEADER: HeaderName = HeaderName::from_static("x-cycles-tenant");
 
 /// An error answer, with the caller's tenant when it is known.
 #[derive(Debug)]
@@ -67,13 +70,22 @@ pub fn with_tenant(mut response: Response, tenant: Option<&str>) -> Response {
     response
 }
 
-/// Adds `Date` (documentation only: clients must use `expires_at_ms`, never this).
+/// Adds `Date` (documentation only: clients must use `expires_at_ms`, never this). The date
+/// is formatted on the stack; the header value is its only allocation.
 pub fn with_date(mut response: Response) -> Response {
-    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now())) {
-        response.headers_mut().insert(header::DATE, v);
+    let mut text = [0u8; HTTP_DATE_LEN];
+    let mut out = &mut text[..];
+    let date = httpdate::HttpDate::from(std::time::SystemTime::now());
+    if write!(out, "{date}").is_ok() && out.is_empty() {
+        if let Ok(v) = HeaderValue::from_bytes(&text) {
+            response.headers_mut().insert(header::DATE, v);
+        }
     }
     response
 }
+
+/// `Sun, 06 Nov 1994 08:49:37 GMT`: an IMF-fixdate is always this long.
+const HTTP_DATE_LEN: usize = 29;
 
 /// The cursor of the page after `rows`, when the store said there may be more.
 pub fn next_cursor<T>(
@@ -100,4 +112,21 @@ pub fn unexpected(outcome: &Outcome) -> Failure {
         std::mem::discriminant(outcome)
     ))
     .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_date_header_is_an_imf_fixdate_of_now() {
+        let response = with_date(StatusCode::OK.into_response());
+        let text = response.headers()[header::DATE].to_str().expect("ASCII");
+        assert_eq!(text.len(), HTTP_DATE_LEN);
+        let at = httpdate::parse_http_date(text).expect("an HTTP date");
+        let skew = std::time::SystemTime::now()
+            .duration_since(at)
+            .expect("not in the future");
+        assert!(skew.as_secs() <= 2, "{text} is {skew:?} old");
+    }
 }
