@@ -649,6 +649,41 @@ async fn every_cut_of_the_journal_recovers_a_prefix() {
     assert!(checked > 1_000, "swept only {checked} offsets");
 }
 
+/// A whole record (its checksum holds) that this build cannot decode — one written by a
+/// newer version — and a segment of another format version are refused, not cut off as a
+/// torn tail: the data directory is left exactly as it was.
+#[tokio::test]
+async fn records_and_segments_of_a_newer_format_are_refused_not_cut() {
+    let h = crashed_journal().await;
+    let (_, segment) = last_segment(h.path());
+    let original = fs::read(&segment).expect("read segment");
+    let records_end = frame_ends(&original).last().copied().expect("records");
+
+    let payload = [0xff_u8; 16];
+    let mut newer = original.clone();
+    let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+    frame.extend_from_slice(&payload);
+    newer[records_end..records_end + frame.len()].copy_from_slice(&frame);
+
+    let mut other_version = original.clone();
+    other_version[4..8].copy_from_slice(&99_u32.to_le_bytes());
+
+    for (what, bytes) in [("newer record", newer), ("other version", other_version)] {
+        let work = copy_dir(h.path());
+        let (_, path) = last_segment(work.path());
+        fs::write(&path, &bytes).expect("write segment");
+        let refused = recover(work.path(), true).expect_err(what).to_string();
+        assert!(refused.contains("cannot read"), "{what}: {refused}");
+        assert!(verify(work.path()).is_err(), "{what}: verify refuses too");
+        assert_eq!(
+            fs::read(&path).expect("read"),
+            bytes,
+            "{what}: left as it was"
+        );
+    }
+}
+
 /// After a cut, the store opens on the repaired journal, appends where it ended, and the
 /// next recovery sees the new record after the prefix.
 #[tokio::test]

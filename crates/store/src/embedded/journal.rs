@@ -62,6 +62,14 @@ pub fn encode_record(record: &JournalRecord, out: &mut Vec<u8>) -> io::Result<()
     Ok(())
 }
 
+fn unreadable(path: &Path, what: &str) -> io::Error {
+    io::Error::other(format!(
+        "journal {} holds {what} that this build cannot read (written by a newer version?); \
+         refusing to open the data directory",
+        path.display()
+    ))
+}
+
 /// The current segment, open for writing encoded frames after its last record.
 pub struct JournalWriter {
     dir: PathBuf,
@@ -164,7 +172,9 @@ pub struct SegmentEnd {
 }
 
 /// Reads a segment's records in order, calling `each` until it returns `false` (which also
-/// marks the end of valid content) or the first torn or corrupt frame.
+/// marks the end of valid content) or the first torn or corrupt frame. A segment of another
+/// format version, or a whole (checksummed) record this build cannot decode, is an error:
+/// written by a newer version, it must not be mistaken for a torn tail and cut off.
 pub fn read_segment(
     path: &Path,
     mut each: impl FnMut(JournalRecord) -> bool,
@@ -173,10 +183,19 @@ pub fn read_segment(
     let file_len = file.metadata()?.len();
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut header = [0u8; HEADER_LEN as usize];
-    if reader.read_exact(&mut header).is_err()
-        || &header[..4] != MAGIC
-        || u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) != FORMAT_VERSION
-    {
+    let version = match reader.read_exact(&mut header) {
+        Ok(()) if &header[..4] == MAGIC => {
+            u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"))
+        }
+        _ => 0,
+    };
+    if version != FORMAT_VERSION && version != 0 {
+        // A whole header of another format is not a torn write (a torn one reads as version
+        // 0: the rest of the file is zeros): cutting it off would drop records this build
+        // cannot read.
+        return Err(unreadable(path, &format!("format version {version}")));
+    }
+    if version == 0 {
         return Ok(SegmentEnd {
             valid_len: 0,
             file_len,
@@ -199,8 +218,14 @@ pub fn read_segment(
         if reader.read_exact(&mut payload).is_err() || crc32c::crc32c(&payload) != crc {
             break;
         }
-        let Ok(record) = postcard::from_bytes::<JournalRecord>(&payload) else {
+        if len == 0 {
+            // Zeros: preallocated space after the last record.
             break;
+        }
+        let Ok(record) = postcard::from_bytes::<JournalRecord>(&payload) else {
+            // The checksum holds, so the frame was written whole: a record of a newer
+            // version, not a torn tail. Refuse rather than cut acknowledged history.
+            return Err(unreadable(path, &format!("a record at byte {valid_len}")));
         };
         if !each(record) {
             break;
