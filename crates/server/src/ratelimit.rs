@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::HeaderValue;
+use axum::http::{header, HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use protocol::{ApiError, ErrorCode};
@@ -109,13 +109,16 @@ fn credential(request: &Request) -> [u8; 32] {
     Sha256::digest(&presented).into()
 }
 
+const REMAINING_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const RESET_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
 pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: Next) -> Response {
     match limiter.take(credential(&request), Instant::now()) {
         Verdict::Allowed { remaining } => {
             let mut response = next.run(request).await;
             let headers = response.headers_mut();
-            headers.insert("x-ratelimit-remaining", HeaderValue::from(remaining));
-            headers.insert("x-ratelimit-reset", HeaderValue::from(unix_now_s() + 1));
+            headers.insert(REMAINING_HEADER, HeaderValue::from(remaining));
+            headers.insert(RESET_HEADER, HeaderValue::from(unix_now_s() + 1));
             response
         }
         Verdict::Limited { retry_after_s } => {
@@ -126,9 +129,9 @@ pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: 
             ))
             .into_response();
             let headers = response.headers_mut();
-            headers.insert("retry-after", HeaderValue::from(retry_after_s));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
             headers.insert(
-                "x-ratelimit-reset",
+                RESET_HEADER,
                 HeaderValue::from(unix_now_s() + retry_after_s),
             );
             response
