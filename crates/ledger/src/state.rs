@@ -23,7 +23,7 @@ pub const TERMINAL_RETENTION_MS: Millis = 30 * 24 * 3_600_000;
 pub enum Effect {
     PutTenant(Tenant),
     PutApiKey(ApiKey),
-    PutBudget(Budget),
+    PutBudget(Arc<Budget>),
     PutPolicy(Policy),
     PutReservation(Arc<Reservation>),
     PutIdempotency(IdemKey, Arc<IdemRecord>),
@@ -57,7 +57,9 @@ pub struct State {
     pub(crate) tenants: OrdMap<String, Tenant>,
     pub(crate) api_keys: OrdMap<String, ApiKey>,
     pub(crate) key_by_digest: ImHashMap<[u8; 32], String>,
-    pub(crate) budgets: OrdMap<BudgetKey, Budget>,
+    /// Behind `Arc` like reservations: the effect that writes a budget and the state share
+    /// it, so a write does not copy the budget's strings again.
+    pub(crate) budgets: OrdMap<BudgetKey, Arc<Budget>>,
     /// Policies by (tenant, policy id).
     pub(crate) policies: OrdMap<(String, String), Policy>,
     /// Values behind `Arc`: the effect that puts a reservation or record and the state share
@@ -89,7 +91,7 @@ pub struct SnapshotData {
 pub struct SnapshotSource {
     tenants: OrdMap<String, Tenant>,
     api_keys: OrdMap<String, ApiKey>,
-    budgets: OrdMap<BudgetKey, Budget>,
+    budgets: OrdMap<BudgetKey, Arc<Budget>>,
     policies: OrdMap<(String, String), Policy>,
     reservations: ImHashMap<String, Arc<Reservation>>,
     idempotency: ImHashMap<IdemKey, Arc<IdemRecord>>,
@@ -153,7 +155,7 @@ impl SnapshotSource {
         SnapshotData {
             tenants: self.tenants.values().cloned().collect(),
             api_keys: self.api_keys.values().cloned().collect(),
-            budgets: self.budgets.values().cloned().collect(),
+            budgets: self.budgets.values().map(|b| (**b).clone()).collect(),
             policies: self.policies.values().cloned().collect(),
             reservations: self.reservations.values().map(|r| (**r).clone()).collect(),
             idempotency: self
@@ -179,11 +181,11 @@ impl State {
     }
 
     pub fn budget(&self, key: &BudgetKey) -> Option<&Budget> {
-        self.budgets.get(key)
+        self.budgets.get(key).map(|b| &**b)
     }
 
     pub fn budgets(&self) -> impl Iterator<Item = &Budget> {
-        self.budgets.values()
+        self.budgets.values().map(|b| &**b)
     }
 
     pub fn reservation(&self, id: &str) -> Option<&Reservation> {
@@ -378,7 +380,7 @@ impl State {
             state.apply_effect(&Effect::PutApiKey(k));
         }
         for b in data.budgets {
-            state.apply_effect(&Effect::PutBudget(b));
+            state.apply_effect(&Effect::PutBudget(Arc::new(b)));
         }
         for p in data.policies {
             state.apply_effect(&Effect::PutPolicy(p));

@@ -174,7 +174,7 @@ impl Tx<'_> {
             .filter(|b| b.tenant_id == tenant_id && b.status != BudgetStatus::Closed)
             .map(|b| Budget {
                 status: BudgetStatus::Closed,
-                ..b.clone()
+                ..(**b).clone()
             })
             .collect();
         self.put_budgets(budgets)
@@ -368,7 +368,7 @@ impl Tx<'_> {
             .filter(|b| q.unit.is_none_or(|u| b.unit == u))
             .filter(|b| q.status.is_none_or(|s| b.status == s))
             .take(q.limit + 1)
-            .cloned()
+            .map(|b| (**b).clone())
             .collect();
         let has_more = page.len() > q.limit;
         page.truncate(q.limit);
@@ -396,7 +396,7 @@ impl Tx<'_> {
                 scope: scope.clone(),
                 unit,
             })
-            .cloned()
+            .map(|b| (**b).clone())
             .ok_or_else(not_found)?;
         match caller {
             Some(c) if c.tenant_id != budget.tenant_id => Err(not_found()),

@@ -122,7 +122,7 @@ impl Tx<'_> {
         }
         for mut b in budgets {
             b.updated_at_ms = self.now;
-            self.put(Effect::PutBudget(b));
+            self.put(Effect::PutBudget(Arc::new(b)));
         }
         Ok(())
     }
@@ -172,7 +172,7 @@ impl Tx<'_> {
                         scope: scope.clone(),
                         unit,
                     })
-                    .cloned()
+                    .map(|b| (**b).clone())
             })
             .collect()
     }

@@ -430,7 +430,7 @@ impl Tx<'_> {
             .filter(|b| has_segment(&b.scope, &root) && b.scope.split('/').next() == Some(&root))
             .filter(|b| segments.iter().all(|s| has_segment(&b.scope, s)))
             .take(q.limit + 1)
-            .cloned()
+            .map(|b| (**b).clone())
             .collect();
         let has_more = page.len() > q.limit;
         page.truncate(q.limit);
