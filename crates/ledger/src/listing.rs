@@ -91,7 +91,7 @@ impl Text {
         let n = s.len().min(TEXT_HEAD);
         head[..n].copy_from_slice(&s.as_bytes()[..n]);
         let (high, low) = head.split_at(TEXT_HEAD / 2);
-        let word = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or_default());
+        let word = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("half of the 16-byte head"));
         Text {
             head: (word(high), word(low)),
             full,
@@ -304,8 +304,7 @@ impl ListIndex {
 
     pub(crate) fn insert(&mut self, r: &Reservation) {
         let id = Text::new(&r.reservation_id);
-        let scope = self.scopes.acquire(&r.scope_path);
-        self.by_scope.insert((scope, id.clone()));
+        self.add_scope(&r.scope_path, &id);
         for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
             set.insert((order.value(r), id.clone()));
         }
@@ -316,9 +315,7 @@ impl ListIndex {
 
     pub(crate) fn remove(&mut self, r: &Reservation) {
         let id = Text::new(&r.reservation_id);
-        self.by_scope
-            .remove(&(self.scopes.find(&r.scope_path), id.clone()));
-        self.scopes.release(&r.scope_path);
+        self.remove_scope(&r.scope_path, &id);
         for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
             set.remove(&(order.value(r), id.clone()));
         }
@@ -332,43 +329,60 @@ impl ListIndex {
     pub(crate) fn update(&mut self, old: &Reservation, new: &Reservation) {
         let id = Text::new(&new.reservation_id);
         if old.scope_path != new.scope_path {
-            self.by_scope
-                .remove(&(self.scopes.find(&old.scope_path), id.clone()));
-            self.scopes.release(&old.scope_path);
-            let scope = self.scopes.acquire(&new.scope_path);
-            self.by_scope.insert((scope, id.clone()));
+            self.remove_scope(&old.scope_path, &id);
+            self.add_scope(&new.scope_path, &id);
         }
-        for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
-            let (before, after) = (order.value(old), order.value(new));
-            if before != after {
-                set.remove(&(before, id.clone()));
-                set.insert((after, id.clone()));
-            }
+        for order in IntOrder::ALL {
+            self.move_int(order, &id, order.value(old), order.value(new));
         }
-        if (old.status, old.created_at_ms) != (new.status, new.created_at_ms) {
-            self.by_status_created.remove(&(
-                status_rank(old.status),
-                old.created_at_ms,
-                id.clone(),
-            ));
-            self.by_status_created
-                .insert((status_rank(new.status), new.created_at_ms, id));
+        self.move_partition(
+            &id,
+            (old.status, old.created_at_ms),
+            (new.status, new.created_at_ms),
+        );
+    }
+
+    /// Moves `r` from status `old` to its current status, nothing else about it changed
+    /// (what [`ListIndex::update`] would do, without the reservation as it was).
+    pub(crate) fn restatus(&mut self, r: &Reservation, old: ReservationStatus) {
+        let id = Text::new(&r.reservation_id);
+        let rank = |s| i64::from(status_rank(s));
+        self.move_int(IntOrder::Status, &id, rank(old), rank(r.status));
+        self.move_partition(&id, (old, r.created_at_ms), (r.status, r.created_at_ms));
+    }
+
+    fn add_scope(&mut self, scope: &str, id: &Text) {
+        let scope = self.scopes.acquire(scope);
+        self.by_scope.insert((scope, id.clone()));
+    }
+
+    fn remove_scope(&mut self, scope: &str, id: &Text) {
+        self.by_scope.remove(&(self.scopes.find(scope), id.clone()));
+        self.scopes.release(scope);
+    }
+
+    /// Moves `id` in an integer order from `before` to `after` (nothing when equal).
+    fn move_int(&mut self, order: IntOrder, id: &Text, before: i64, after: i64) {
+        if before != after {
+            let set = &mut self.by_int[order as usize];
+            set.remove(&(before, id.clone()));
+            set.insert((after, id.clone()));
         }
     }
 
-    /// Moves `r` from status `old` to its current status, nothing else about it changed.
-    pub(crate) fn restatus(&mut self, r: &Reservation, old: ReservationStatus) {
-        if old == r.status {
-            return;
+    /// Moves `id` between the status partitions by creation time (nothing when equal).
+    fn move_partition(
+        &mut self,
+        id: &Text,
+        (old_status, old_created): (ReservationStatus, Millis),
+        (new_status, new_created): (ReservationStatus, Millis),
+    ) {
+        if (old_status, old_created) != (new_status, new_created) {
+            self.by_status_created
+                .remove(&(status_rank(old_status), old_created, id.clone()));
+            self.by_status_created
+                .insert((status_rank(new_status), new_created, id.clone()));
         }
-        let id = Text::new(&r.reservation_id);
-        let by_status = &mut self.by_int[IntOrder::Status as usize];
-        by_status.remove(&(i64::from(status_rank(old)), id.clone()));
-        by_status.insert((i64::from(status_rank(r.status)), id.clone()));
-        self.by_status_created
-            .remove(&(status_rank(old), r.created_at_ms, id.clone()));
-        self.by_status_created
-            .insert((status_rank(r.status), r.created_at_ms, id));
     }
 
     pub(crate) fn is_empty(&self) -> bool {

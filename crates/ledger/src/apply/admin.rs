@@ -391,12 +391,11 @@ impl Tx<'_> {
         let not_found = || Rejection::BudgetNotFound(format!("{scope} ({})", unit.as_str()));
         let budget = self
             .state
-            .budgets
-            .get(&BudgetKey {
+            .budget(&BudgetKey {
                 scope: scope.clone(),
                 unit,
             })
-            .map(|b| (**b).clone())
+            .cloned()
             .ok_or_else(not_found)?;
         match caller {
             Some(c) if c.tenant_id != budget.tenant_id => Err(not_found()),

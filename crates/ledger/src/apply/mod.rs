@@ -167,12 +167,11 @@ impl Tx<'_> {
             .iter()
             .filter_map(|scope| {
                 self.state
-                    .budgets
-                    .get(&BudgetKey {
+                    .budget(&BudgetKey {
                         scope: scope.clone(),
                         unit,
                     })
-                    .map(|b| (**b).clone())
+                    .cloned()
             })
             .collect()
     }

@@ -62,6 +62,15 @@ pub fn encode_record(record: &JournalRecord, out: &mut Vec<u8>) -> io::Result<()
     Ok(())
 }
 
+/// The end of a segment whose header holds no records (clean only when the file is empty).
+fn no_records(file_len: u64) -> SegmentEnd {
+    SegmentEnd {
+        valid_len: 0,
+        file_len,
+        clean: file_len == 0,
+    }
+}
+
 fn unreadable(path: &Path, what: &str) -> io::Error {
     io::Error::other(format!(
         "journal {} holds {what} that this build cannot read (written by a newer version?); \
@@ -183,24 +192,17 @@ pub fn read_segment(
     let file_len = file.metadata()?.len();
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut header = [0u8; HEADER_LEN as usize];
-    let version = match reader.read_exact(&mut header) {
-        Ok(()) if &header[..4] == MAGIC => {
-            u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"))
-        }
-        _ => 0,
-    };
-    if version != FORMAT_VERSION && version != 0 {
-        // A whole header of another format is not a torn write (a torn one reads as version
-        // 0: the rest of the file is zeros): cutting it off would drop records this build
-        // cannot read.
-        return Err(unreadable(path, &format!("format version {version}")));
+    if reader.read_exact(&mut header).is_err() || &header[..4] != MAGIC {
+        // A missing or short header holds no records.
+        return Ok(no_records(file_len));
     }
-    if version == 0 {
-        return Ok(SegmentEnd {
-            valid_len: 0,
-            file_len,
-            clean: file_len == 0,
-        });
+    match u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) {
+        FORMAT_VERSION => {}
+        // A torn header: the version was not written yet (the rest of the file is zeros).
+        0 => return Ok(no_records(file_len)),
+        // A whole header of another format is no torn write: cutting it off would drop
+        // records this build cannot read.
+        version => return Err(unreadable(path, &format!("format version {version}"))),
     }
     let mut valid_len = HEADER_LEN;
     let mut payload = Vec::new();
