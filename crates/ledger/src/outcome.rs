@@ -1,6 +1,8 @@
 //! Outcomes: what a command produced. The results that idempotency replays are stored
 //! verbatim ([`StoredOutcome`]); volatile values (`remaining_ttl_ms`) sit beside them.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -122,16 +124,18 @@ pub struct FundResult {
     pub timestamp_ms: Millis,
 }
 
-/// What an idempotency record replays.
+/// What an idempotency record replays. Each result is behind `Arc`, shared with the
+/// [`Outcome`] its command returned (and with every replay): a write stores its result
+/// without copying its strings, and the reply is built from the same allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredOutcome {
-    Reserve(ReserveResult),
-    Commit(CommitResult),
-    Release(ReleaseResult),
-    Extend(ExtendResult),
-    Decide(DecideResult),
-    Event(EventResult),
-    Fund(FundResult),
+    Reserve(Arc<ReserveResult>),
+    Commit(Arc<CommitResult>),
+    Release(Arc<ReleaseResult>),
+    Extend(Arc<ExtendResult>),
+    Decide(Arc<DecideResult>),
+    Event(Arc<EventResult>),
+    Fund(Arc<FundResult>),
 }
 
 /// A successful command's result.
@@ -139,30 +143,30 @@ pub enum StoredOutcome {
 pub enum Outcome {
     Authenticated(Principal),
     Reserved {
-        result: ReserveResult,
+        result: Arc<ReserveResult>,
         /// Recomputed on every reply, replays included.
         remaining_ttl_ms: Option<i64>,
         replayed: bool,
     },
     Committed {
-        result: CommitResult,
+        result: Arc<CommitResult>,
         replayed: bool,
     },
     Released {
-        result: ReleaseResult,
+        result: Arc<ReleaseResult>,
         replayed: bool,
     },
     Extended {
-        result: ExtendResult,
+        result: Arc<ExtendResult>,
         remaining_ttl_ms: i64,
         replayed: bool,
     },
     Decided {
-        result: DecideResult,
+        result: Arc<DecideResult>,
         replayed: bool,
     },
     EventApplied {
-        result: EventResult,
+        result: Arc<EventResult>,
         replayed: bool,
     },
     /// A reservation as of now (its status already reflects a lapsed grace period).
@@ -192,7 +196,7 @@ pub enum Outcome {
         has_more: bool,
     },
     Funded {
-        result: FundResult,
+        result: Arc<FundResult>,
         replayed: bool,
     },
     Maintained {

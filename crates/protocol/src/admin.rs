@@ -663,8 +663,8 @@ pub struct BudgetFundingResponse {
     pub timestamp: String,
 }
 
-impl From<FundResult> for BudgetFundingResponse {
-    fn from(r: FundResult) -> Self {
+impl From<&FundResult> for BudgetFundingResponse {
+    fn from(r: &FundResult) -> Self {
         let a = |v| Amount::new(r.unit, v);
         BudgetFundingResponse {
             operation: r.operation.as_str(),

@@ -309,9 +309,9 @@ impl StandardMetrics {
 /// `Balance`: one `(scope, unit)` ledger. Every amount is emitted, so clients can check
 /// `remaining = allocated − spent − reserved − debt` themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct Balance {
-    pub scope: String,
-    pub scope_path: String,
+pub struct Balance<'a> {
+    pub scope: &'a str,
+    pub scope_path: &'a str,
     #[schema(value_type = SignedAmount)]
     pub remaining: Amount,
     pub reserved: Amount,
@@ -322,11 +322,11 @@ pub struct Balance {
     pub is_over_limit: bool,
 }
 
-impl From<&DomainBalance> for Balance {
-    fn from(b: &DomainBalance) -> Self {
+impl<'a> From<&'a DomainBalance> for Balance<'a> {
+    fn from(b: &'a DomainBalance) -> Self {
         Balance {
-            scope: leaf_segment(&b.scope).to_string(),
-            scope_path: b.scope.clone(),
+            scope: leaf_segment(&b.scope),
+            scope_path: &b.scope,
             remaining: Amount::new(b.unit, b.remaining),
             reserved: Amount::new(b.unit, b.reserved),
             spent: Amount::new(b.unit, b.spent),
@@ -338,6 +338,6 @@ impl From<&DomainBalance> for Balance {
     }
 }
 
-pub fn balances(list: &[DomainBalance]) -> Option<Vec<Balance>> {
+pub fn balances(list: &[DomainBalance]) -> Option<Vec<Balance<'_>>> {
     (!list.is_empty()).then(|| list.iter().map(Balance::from).collect())
 }

@@ -101,40 +101,40 @@ impl ReservationCreateRequest {
 #[schema(
     description = "A reservation, or with `dry_run` an evaluation: DENY carries `reason_code` and holds nothing."
 )]
-pub struct ReservationCreateResponse {
+pub struct ReservationCreateResponse<'a> {
     #[schema(value_type = DecisionEnum)]
     pub decision: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reservation_id: Option<String>,
-    pub affected_scopes: Vec<String>,
+    pub reservation_id: Option<&'a str>,
+    pub affected_scopes: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remaining_ttl_ms: Option<i64>,
-    pub scope_path: String,
+    pub scope_path: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserved: Option<Amount>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub balances: Option<Vec<Balance>>,
+    pub balances: Option<Vec<Balance<'a>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason_code: Option<String>,
+    pub reason_code: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caps: Option<crate::policy::Caps>,
 }
 
-impl ReservationCreateResponse {
-    pub fn new(r: ReserveResult, remaining_ttl_ms: Option<i64>) -> Self {
+impl<'a> ReservationCreateResponse<'a> {
+    pub fn new(r: &'a ReserveResult, remaining_ttl_ms: Option<i64>) -> Self {
         ReservationCreateResponse {
             decision: r.decision.as_str(),
-            reservation_id: r.reservation_id,
-            affected_scopes: r.affected_scopes,
+            reservation_id: r.reservation_id.as_deref(),
+            affected_scopes: &r.affected_scopes,
             expires_at_ms: r.expires_at_ms,
             remaining_ttl_ms,
-            scope_path: r.scope_path,
+            scope_path: &r.scope_path,
             reserved: r.reserved.map(|(u, a)| Amount::new(u, a)),
             balances: balances(&r.balances),
-            reason_code: r.reason_code,
-            caps: r.caps.map(Into::into),
+            reason_code: r.reason_code.as_deref(),
+            caps: r.caps.clone().map(Into::into),
         }
     }
 }
@@ -181,18 +181,18 @@ impl CommitRequest {
 /// `CommitResponse`.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "What was charged and what flowed back.")]
-pub struct CommitResponse {
+pub struct CommitResponse<'a> {
     #[schema(value_type = CommittedStatus, inline)]
     pub status: &'static str,
     pub charged: Amount,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub released: Option<Amount>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub balances: Option<Vec<Balance>>,
+    pub balances: Option<Vec<Balance<'a>>>,
 }
 
-impl From<CommitResult> for CommitResponse {
-    fn from(r: CommitResult) -> Self {
+impl<'a> From<&'a CommitResult> for CommitResponse<'a> {
+    fn from(r: &'a CommitResult) -> Self {
         CommitResponse {
             status: "COMMITTED",
             charged: Amount::new(r.unit, r.charged),
@@ -238,16 +238,16 @@ impl ReleaseRequest {
 /// `ReleaseResponse`.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "What flowed back.")]
-pub struct ReleaseResponse {
+pub struct ReleaseResponse<'a> {
     #[schema(value_type = ReleasedStatus, inline)]
     pub status: &'static str,
     pub released: Amount,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub balances: Option<Vec<Balance>>,
+    pub balances: Option<Vec<Balance<'a>>>,
 }
 
-impl From<ReleaseResult> for ReleaseResponse {
-    fn from(r: ReleaseResult) -> Self {
+impl<'a> From<&'a ReleaseResult> for ReleaseResponse<'a> {
+    fn from(r: &'a ReleaseResult) -> Self {
         ReleaseResponse {
             status: "RELEASED",
             released: Amount::new(r.unit, r.released),
@@ -291,17 +291,17 @@ impl ReservationExtendRequest {
 /// `ReservationExtendResponse`.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "The reservation's new expiry.")]
-pub struct ReservationExtendResponse {
+pub struct ReservationExtendResponse<'a> {
     #[schema(value_type = ExtendedStatus, inline)]
     pub status: &'static str,
     pub expires_at_ms: i64,
     pub remaining_ttl_ms: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub balances: Option<Vec<Balance>>,
+    pub balances: Option<Vec<Balance<'a>>>,
 }
 
-impl ReservationExtendResponse {
-    pub fn new(r: ExtendResult, remaining_ttl_ms: i64) -> Self {
+impl<'a> ReservationExtendResponse<'a> {
+    pub fn new(r: &'a ExtendResult, remaining_ttl_ms: i64) -> Self {
         ReservationExtendResponse {
             status: "ACTIVE",
             expires_at_ms: r.expires_at_ms,
@@ -350,23 +350,23 @@ impl DecisionRequest {
 /// `DecisionResponse`.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "The decision; DENY carries `reason_code`.")]
-pub struct DecisionResponse {
+pub struct DecisionResponse<'a> {
     #[schema(value_type = DecisionEnum)]
     pub decision: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason_code: Option<String>,
+    pub reason_code: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caps: Option<crate::policy::Caps>,
-    pub affected_scopes: Vec<String>,
+    pub affected_scopes: &'a [String],
 }
 
-impl From<DecideResult> for DecisionResponse {
-    fn from(r: DecideResult) -> Self {
+impl<'a> From<&'a DecideResult> for DecisionResponse<'a> {
+    fn from(r: &'a DecideResult) -> Self {
         DecisionResponse {
             decision: r.decision.as_str(),
-            reason_code: r.reason_code,
-            caps: r.caps.map(Into::into),
-            affected_scopes: r.affected_scopes,
+            reason_code: r.reason_code.as_deref(),
+            caps: r.caps.clone().map(Into::into),
+            affected_scopes: &r.affected_scopes,
         }
     }
 }
@@ -426,21 +426,21 @@ impl EventCreateRequest {
 /// `EventCreateResponse` (201).
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "The applied event.")]
-pub struct EventCreateResponse {
+pub struct EventCreateResponse<'a> {
     #[schema(value_type = AppliedStatus, inline)]
     pub status: &'static str,
-    pub event_id: String,
+    pub event_id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charged: Option<Amount>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub balances: Option<Vec<Balance>>,
+    pub balances: Option<Vec<Balance<'a>>>,
 }
 
-impl From<EventResult> for EventCreateResponse {
-    fn from(r: EventResult) -> Self {
+impl<'a> From<&'a EventResult> for EventCreateResponse<'a> {
+    fn from(r: &'a EventResult) -> Self {
         EventCreateResponse {
             status: "APPLIED",
-            event_id: r.event_id,
+            event_id: &r.event_id,
             charged: r.charged.map(|c| Amount::new(r.unit, c)),
             balances: balances(&r.balances),
         }
@@ -462,8 +462,8 @@ impl From<&Reservation> for ReservationDetail {
 /// `BalanceResponse`.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "A page of balances, in (scope, unit) order.")]
-pub struct BalanceResponse {
-    pub balances: Vec<Balance>,
+pub struct BalanceResponse<'a> {
+    pub balances: Vec<Balance<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
     pub has_more: bool,

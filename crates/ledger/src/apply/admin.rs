@@ -1,6 +1,7 @@
 //! The admin plane's provisioning: tenants, API keys, budgets and funding.
 
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::{
     fund, scope_tenant, tenant, Actor, ApiKey, ApiKeyStatus, Balance, Budget, BudgetKey,
@@ -454,6 +455,7 @@ impl Tx<'_> {
             timestamp_ms: self.now,
         };
         self.put_budgets(vec![funded])?;
+        let result = Arc::new(result);
         if let (Some(key), Some(idem)) = (idem_key, cmd.idem) {
             self.remember(
                 key,

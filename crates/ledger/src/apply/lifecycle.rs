@@ -155,6 +155,7 @@ impl Tx<'_> {
         committed.finalized_at_ms = Some(self.now);
         committed.committed_metadata = cmd.metadata;
         self.put(Effect::PutReservation(Arc::new(committed)));
+        let result = Arc::new(result);
         self.remember(
             idem_key,
             cmd.idem.fingerprint,
@@ -190,6 +191,7 @@ impl Tx<'_> {
         self.settleable(&r)?;
         self.refuse_if_lapsed(&r)?;
         let result = self.release_hold(r, cmd.reason)?;
+        let result = Arc::new(result);
         self.remember(
             idem_key,
             cmd.idem.fingerprint,
@@ -270,6 +272,7 @@ impl Tx<'_> {
         let retention = (extended.settle_deadline() - self.now).max(DAY_MS);
         let remaining_ttl_ms = extended.remaining_ttl_ms(expires_at_ms, self.now);
         self.put(Effect::PutReservation(Arc::new(extended)));
+        let result = Arc::new(result);
         self.remember(
             idem_key,
             cmd.idem.fingerprint,

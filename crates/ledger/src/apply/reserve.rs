@@ -180,6 +180,7 @@ impl Tx<'_> {
             Some(expires) => (expires - self.now + cmd.grace_period_ms).max(DAY_MS),
             None => DAY_MS,
         };
+        let result = Arc::new(result);
         self.remember(
             idem_key,
             cmd.idem.fingerprint,
@@ -330,6 +331,7 @@ impl Tx<'_> {
             },
             Err(Blocked::Error(e)) => return Err(e),
         };
+        let result = Arc::new(result);
         self.remember(
             idem_key,
             cmd.idem.fingerprint,
@@ -389,6 +391,7 @@ impl Tx<'_> {
             balances: charge.budgets.iter().map(Balance::from).collect(),
         };
         self.put_budgets(charge.budgets)?;
+        let result = Arc::new(result);
         self.remember(
             idem_key,
             cmd.idem.fingerprint,

@@ -269,7 +269,11 @@ pub async fn fund_budget(
     let Outcome::Funded { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    tenant_json(StatusCode::OK, &BudgetFundingResponse::from(result), tenant)
+    tenant_json(
+        StatusCode::OK,
+        &BudgetFundingResponse::from(&*result),
+        tenant,
+    )
 }
 
 pub async fn update_budget(

@@ -94,7 +94,7 @@ pub async fn create_reservation(
     };
     let response = json(
         StatusCode::OK,
-        &ReservationCreateResponse::new(result, remaining_ttl_ms),
+        &ReservationCreateResponse::new(&result, remaining_ttl_ms),
     );
     Ok(with_date(with_tenant(response, tenant.as_deref())))
 }
@@ -135,7 +135,7 @@ pub async fn commit(
     let Outcome::Committed { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    tenant_json(StatusCode::OK, &CommitResponse::from(result), tenant)
+    tenant_json(StatusCode::OK, &CommitResponse::from(&*result), tenant)
 }
 
 pub async fn release(
@@ -157,7 +157,7 @@ pub async fn release(
     let Outcome::Released { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    tenant_json(StatusCode::OK, &ReleaseResponse::from(result), tenant)
+    tenant_json(StatusCode::OK, &ReleaseResponse::from(&*result), tenant)
 }
 
 pub async fn extend(
@@ -184,7 +184,7 @@ pub async fn extend(
     else {
         return Err(unexpected(&outcome));
     };
-    let response = ReservationExtendResponse::new(result, remaining_ttl_ms);
+    let response = ReservationExtendResponse::new(&result, remaining_ttl_ms);
     tenant_json(StatusCode::OK, &response, tenant).map(with_date)
 }
 
@@ -197,7 +197,7 @@ pub async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes
     let Outcome::Decided { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
-    tenant_json(StatusCode::OK, &DecisionResponse::from(result), tenant)
+    tenant_json(StatusCode::OK, &DecisionResponse::from(&*result), tenant)
 }
 
 pub async fn create_event(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
@@ -210,7 +210,7 @@ pub async fn create_event(State(app): State<Arc<App>>, headers: HeaderMap, body:
     };
     tenant_json(
         StatusCode::CREATED,
-        &EventCreateResponse::from(result),
+        &EventCreateResponse::from(&*result),
         tenant,
     )
 }
@@ -271,11 +271,9 @@ pub async fn balances(
     let Outcome::Balances { budgets, has_more } = outcome else {
         return Err(unexpected(&outcome));
     };
+    let amounts: Vec<ledger::Balance> = budgets.iter().map(ledger::Balance::from).collect();
     let response = BalanceResponse {
-        balances: budgets
-            .iter()
-            .map(|b| Balance::from(&ledger::Balance::from(b)))
-            .collect(),
+        balances: amounts.iter().map(Balance::from).collect(),
         next_cursor: next_cursor(has_more, &budgets, budget_position),
         has_more,
     };
