@@ -877,6 +877,39 @@ async fn snapshots_wait_for_as_much_journal_as_the_last_snapshot() {
     );
 }
 
+/// The round whose records take the journal past the threshold starts the snapshot: a store
+/// that then goes quiet is not left waiting for some later write to start it.
+#[tokio::test]
+async fn the_write_that_crosses_the_threshold_starts_the_snapshot() {
+    const THRESHOLD: u64 = 4_096;
+    let mut h = Harness::new();
+    let store = h.open(Some(THRESHOLD));
+    let journal_bytes = |store: &EmbeddedStore| {
+        store
+            .metrics()
+            .into_iter()
+            .find(|m| m.name == "cycles_journal_bytes_total")
+            .map_or(0, |m| m.value)
+    };
+    let mut commands = workload(0, OPS).into_iter();
+    // The segment's length counts its header too: these bytes take it past the threshold.
+    while journal_bytes(&store) < THRESHOLD {
+        let command = commands
+            .next()
+            .expect("the workload outgrows the threshold");
+        h.drive(&store, vec![command]).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while snapshots(h.path()).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot without a further write"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(store);
+}
+
 /// Flips one bit in the middle of a file.
 fn flip_middle(path: &Path) {
     let mut bytes = fs::read(path).expect("read");

@@ -249,13 +249,17 @@ impl Shared {
 
     /// Takes every pending frame for one round (`None`: nothing pending and not closing).
     fn take_round(&self, syncer: &mut Syncer) -> Result<Option<Round>, StoreError> {
-        let snapshot_due = syncer.snapshot_due();
+        let snapshot_idle = syncer.reap_snapshot();
         let mut ledger = lock(&self.ledger)?;
         if ledger.pending.is_empty() && !ledger.closed {
             return Ok(None);
         }
         mem::swap(&mut ledger.pending, &mut syncer.spare);
         let upto = ledger.next_seq - 1;
+        // The round whose frames take the segment past the threshold starts the snapshot,
+        // not whichever write comes after it: on a server that has gone quiet that may be
+        // much later, in the middle of other work.
+        let snapshot_due = snapshot_idle && syncer.threshold_reached(syncer.spare.len());
         Ok(Some(Round {
             upto,
             closing: ledger.closed,
@@ -339,10 +343,9 @@ struct Round {
 }
 
 impl Syncer {
-    /// Whether this round should start a snapshot: the previous snapshot has finished (its
-    /// outcome is logged here, and its size taken), and the segment is as large as the
-    /// threshold and as that snapshot.
-    fn snapshot_due(&mut self) -> bool {
+    /// Whether no snapshot is running. A finished one is joined here: its outcome is logged
+    /// and its size taken.
+    fn reap_snapshot(&mut self) -> bool {
         if self.snapshot.as_ref().is_some_and(|h| !h.is_finished()) {
             return false;
         }
@@ -353,8 +356,14 @@ impl Syncer {
                 Err(_) => tracing::warn!("snapshot thread panicked; will retry"),
             }
         }
+        true
+    }
+
+    /// Whether the segment, with `incoming` more bytes, is as large as the threshold and as
+    /// the last snapshot.
+    fn threshold_reached(&self, incoming: usize) -> bool {
         let threshold = self.snapshot_after_bytes.max(self.last_snapshot_len);
-        self.journal.segment_len() >= threshold
+        self.journal.segment_len() + incoming as u64 >= threshold
     }
 }
 
