@@ -65,7 +65,14 @@ pub struct State {
     /// Values behind `Arc`: the effect that puts a reservation or record and the state share
     /// one allocation (no deep copy per write), and the maps' nodes stay small, so copying a
     /// node for a snapshot or a write costs pointers, not 550-byte structs.
-    pub(crate) reservations: ImHashMap<String, Arc<Reservation>>,
+    ///
+    /// Reservations are ordered by id, not hashed: ids are time-ordered, so a new one goes to
+    /// the right edge of the tree and the sweep works at the left. While a snapshot holds the
+    /// old tree, a hashed map copies a random path of wide nodes for every insert (measured:
+    /// ~1.5 KB of new memory and 4× the time per insert over 1.5 M entries), an ordered one
+    /// copies the edge once. It is also half the memory per entry; a lookup of an old id
+    /// costs more (B-tree comparisons instead of a hash), ~1–2 µs.
+    pub(crate) reservations: OrdMap<String, Arc<Reservation>>,
     pub(crate) idempotency: ImHashMap<IdemKey, Arc<IdemRecord>>,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
     pub(crate) expiry_index: BTreeSet<(Millis, String)>,
@@ -93,7 +100,7 @@ pub struct SnapshotSource {
     api_keys: OrdMap<String, ApiKey>,
     budgets: OrdMap<BudgetKey, Arc<Budget>>,
     policies: OrdMap<(String, String), Policy>,
-    reservations: ImHashMap<String, Arc<Reservation>>,
+    reservations: OrdMap<String, Arc<Reservation>>,
     idempotency: ImHashMap<IdemKey, Arc<IdemRecord>>,
 }
 
