@@ -155,11 +155,11 @@ impl Tx<'_> {
         committed.finalized_at_ms = Some(self.now);
         committed.committed_metadata = cmd.metadata;
         self.put(Effect::PutReservation(Arc::new(committed)));
-        let result = Arc::new(result);
-        self.remember(
+        let result = self.remember_result(
             idem_key,
             cmd.idem.fingerprint,
-            StoredOutcome::Commit(result.clone()),
+            result,
+            StoredOutcome::Commit,
             TERMINAL_RETENTION_MS,
         );
         Ok(Outcome::Committed {
@@ -191,11 +191,11 @@ impl Tx<'_> {
         self.settleable(&r)?;
         self.refuse_if_lapsed(&r)?;
         let result = self.release_hold(r, cmd.reason)?;
-        let result = Arc::new(result);
-        self.remember(
+        let result = self.remember_result(
             idem_key,
             cmd.idem.fingerprint,
-            StoredOutcome::Release(result.clone()),
+            result,
+            StoredOutcome::Release,
             TERMINAL_RETENTION_MS,
         );
         Ok(Outcome::Released {
@@ -272,11 +272,11 @@ impl Tx<'_> {
         let retention = (extended.settle_deadline() - self.now).max(DAY_MS);
         let remaining_ttl_ms = extended.remaining_ttl_ms(expires_at_ms, self.now);
         self.put(Effect::PutReservation(Arc::new(extended)));
-        let result = Arc::new(result);
-        self.remember(
+        let result = self.remember_result(
             idem_key,
             cmd.idem.fingerprint,
-            StoredOutcome::Extend(result.clone()),
+            result,
+            StoredOutcome::Extend,
             retention,
         );
         Ok(Outcome::Extended {

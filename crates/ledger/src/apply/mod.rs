@@ -161,6 +161,21 @@ impl Tx<'_> {
         self.put(Effect::PutIdempotency(key, Arc::new(record)));
     }
 
+    /// Remembers a command's `result` as `stored` makes it a replayable outcome, and returns
+    /// it shared with the record: the reply is rendered from the same allocation.
+    pub(crate) fn remember_result<T>(
+        &mut self,
+        key: IdemKey,
+        fingerprint: [u8; 32],
+        result: T,
+        stored: fn(Arc<T>) -> StoredOutcome,
+        retention_ms: Millis,
+    ) -> Arc<T> {
+        let result = Arc::new(result);
+        self.remember(key, fingerprint, stored(result.clone()), retention_ms);
+        result
+    }
+
     /// The budgets of `scopes` in `unit`, in the given order, skipping scopes without one.
     pub(crate) fn budgets_for(&self, scopes: &[String], unit: crate::Unit) -> Vec<Budget> {
         scopes

@@ -180,11 +180,11 @@ impl Tx<'_> {
             Some(expires) => (expires - self.now + cmd.grace_period_ms).max(DAY_MS),
             None => DAY_MS,
         };
-        let result = Arc::new(result);
-        self.remember(
+        let result = self.remember_result(
             idem_key,
             cmd.idem.fingerprint,
-            StoredOutcome::Reserve(result.clone()),
+            result,
+            StoredOutcome::Reserve,
             retention,
         );
         let remaining_ttl_ms = result.expires_at_ms.map(|e| (e - self.now).max(0));
@@ -331,11 +331,11 @@ impl Tx<'_> {
             },
             Err(Blocked::Error(e)) => return Err(e),
         };
-        let result = Arc::new(result);
-        self.remember(
+        let result = self.remember_result(
             idem_key,
             cmd.idem.fingerprint,
-            StoredOutcome::Decide(result.clone()),
+            result,
+            StoredOutcome::Decide,
             DAY_MS,
         );
         Ok(Outcome::Decided {
@@ -391,11 +391,11 @@ impl Tx<'_> {
             balances: charge.budgets.iter().map(Balance::from).collect(),
         };
         self.put_budgets(charge.budgets)?;
-        let result = Arc::new(result);
-        self.remember(
+        let result = self.remember_result(
             idem_key,
             cmd.idem.fingerprint,
-            StoredOutcome::Event(result.clone()),
+            result,
+            StoredOutcome::Event,
             EVENT_IDEMPOTENCY_MS,
         );
         Ok(Outcome::EventApplied {
