@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use imbl::{HashMap as ImHashMap, OrdMap};
 
+use crate::idempotency::{Arrival, IdemEntry, IdemTable};
+
 use serde::{Deserialize, Serialize};
 
 use crate::listing::ListIndex;
@@ -26,9 +28,9 @@ pub enum Effect {
     PutBudget(Arc<Budget>),
     PutPolicy(Policy),
     PutReservation(Arc<Reservation>),
-    PutIdempotency(IdemKey, Arc<IdemRecord>),
+    PutIdempotency(Arc<IdemKey>, Arc<IdemRecord>),
     RemoveReservation(String),
-    RemoveIdempotency(IdemKey),
+    RemoveIdempotency(Arc<IdemKey>),
     /// An ACTIVE reservation past its grace became EXPIRED at `at_ms` (the `PutBudget`s
     /// beside it return its hold). Recorded as the change alone, not the whole reservation:
     /// expiry is the one transition a sweep makes in bulk, so its record is a fraction of
@@ -44,7 +46,8 @@ pub enum Effect {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Evictable {
     Reservation(String),
-    Idempotency(IdemKey),
+    /// A record by its arrival (see [`IdemTable`]): a number, not a copy of its key.
+    Idempotency(Arrival),
 }
 
 /// All tenants, keys, budgets, reservations and idempotency records, plus the ordered
@@ -73,7 +76,7 @@ pub struct State {
     /// copies the edge once. It is also half the memory per entry; a lookup of an old id
     /// costs more (B-tree comparisons instead of a hash), ~1–2 µs.
     pub(crate) reservations: OrdMap<String, Arc<Reservation>>,
-    pub(crate) idempotency: ImHashMap<IdemKey, Arc<IdemRecord>>,
+    pub(crate) idempotency: IdemTable,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
     pub(crate) expiry_index: BTreeSet<(Millis, String)>,
     /// Per-tenant listing orders.
@@ -101,7 +104,7 @@ pub struct SnapshotSource {
     budgets: OrdMap<BudgetKey, Arc<Budget>>,
     policies: OrdMap<(String, String), Policy>,
     reservations: OrdMap<String, Arc<Reservation>>,
-    idempotency: ImHashMap<IdemKey, Arc<IdemRecord>>,
+    idempotency: OrdMap<Arrival, IdemEntry>,
 }
 
 /// Serializes exactly as [`SnapshotData`] does (the same fields, in the same order), straight
@@ -132,7 +135,9 @@ impl Serialize for SnapshotSource {
         )?;
         s.serialize_field(
             "idempotency",
-            &Seq(self.idempotency.len(), || self.idempotency.iter()),
+            &Seq(self.idempotency.len(), || {
+                self.idempotency.values().map(|e| (&*e.key, &*e.record))
+            }),
         )?;
         s.end()
     }
@@ -167,8 +172,8 @@ impl SnapshotSource {
             reservations: self.reservations.values().map(|r| (**r).clone()).collect(),
             idempotency: self
                 .idempotency
-                .iter()
-                .map(|(k, v)| (k.clone(), (**v).clone()))
+                .values()
+                .map(|e| ((*e.key).clone(), (*e.record).clone()))
                 .collect(),
         }
     }
@@ -230,14 +235,13 @@ impl State {
             }
             Effect::PutReservation(r) => self.put_reservation(r),
             Effect::PutIdempotency(k, rec) => {
-                if let Some(old) = self.idempotency.get(k) {
-                    let old_at = old.expires_at_ms;
+                let (arrival, replaced) = self.idempotency.put(k, rec);
+                if let Some(old) = replaced {
                     self.retention_index
-                        .remove(&(old_at, Evictable::Idempotency(k.clone())));
+                        .remove(&(old.expires_at_ms, Evictable::Idempotency(arrival)));
                 }
                 self.retention_index
-                    .insert((rec.expires_at_ms, Evictable::Idempotency(k.clone())));
-                self.idempotency.insert(k.clone(), rec.clone());
+                    .insert((rec.expires_at_ms, Evictable::Idempotency(arrival)));
             }
             Effect::RemoveReservation(id) => {
                 if let Some(old) = self.reservations.remove(id) {
@@ -245,9 +249,9 @@ impl State {
                 }
             }
             Effect::RemoveIdempotency(k) => {
-                if let Some(old) = self.idempotency.remove(k) {
+                if let Some((arrival, old)) = self.idempotency.remove(k) {
                     self.retention_index
-                        .remove(&(old.expires_at_ms, Evictable::Idempotency(k.clone())));
+                        .remove(&(old.expires_at_ms, Evictable::Idempotency(arrival)));
                 }
             }
             Effect::ExpireReservation {
@@ -368,7 +372,7 @@ impl State {
             budgets: self.budgets.clone(),
             policies: self.policies.clone(),
             reservations: self.reservations.clone(),
-            idempotency: self.idempotency.clone(),
+            idempotency: self.idempotency.shared(),
         }
     }
 
@@ -409,10 +413,12 @@ impl State {
             .into_iter()
             .map(|(tenant, rows)| (tenant.to_string(), ListIndex::build(rows.into_iter())))
             .collect();
+        state.idempotency = IdemTable::from_records(data.idempotency);
         retention.extend(
-            data.idempotency
-                .iter()
-                .map(|(k, v)| (v.expires_at_ms, Evictable::Idempotency(k.clone()))),
+            state
+                .idempotency
+                .entries()
+                .map(|(arrival, e)| (e.record.expires_at_ms, Evictable::Idempotency(arrival))),
         );
         state.expiry_index = expiry.into_iter().collect();
         state.retention_index = retention.into_iter().collect();
@@ -420,11 +426,6 @@ impl State {
             .reservations
             .into_iter()
             .map(|r| (r.reservation_id.clone(), Arc::new(r)))
-            .collect();
-        state.idempotency = data
-            .idempotency
-            .into_iter()
-            .map(|(k, v)| (k, Arc::new(v)))
             .collect();
         state
     }
@@ -437,10 +438,15 @@ impl State {
         let rebuilt = State::from_snapshot(self.to_snapshot());
         if rebuilt.list_index != self.list_index
             || rebuilt.expiry_index != self.expiry_index
-            || rebuilt.retention_index != self.retention_index
+            || rebuilt.retention_by_name() != self.retention_by_name()
         {
             violations.push(Violation(
                 "the ordered indexes differ from indexes rebuilt from the rows".into(),
+            ));
+        }
+        if !self.idempotency.is_consistent() {
+            violations.push(Violation(
+                "the idempotency lookup table and its ordered records differ".into(),
             ));
         }
         let mut holds: HashMap<BudgetKey, i64> = HashMap::new();
@@ -479,6 +485,32 @@ impl State {
             )));
         }
         violations
+    }
+}
+
+/// What the retention order names, with records named by key: arrivals are numbered per
+/// process, so a state rebuilt from a snapshot numbers the same records differently (in
+/// the same order).
+#[derive(Debug, PartialEq, Eq)]
+enum Named<'a> {
+    Reservation(&'a str),
+    Idempotency(Option<&'a IdemKey>),
+}
+
+impl State {
+    fn retention_by_name(&self) -> Vec<(Millis, Named<'_>)> {
+        self.retention_index
+            .iter()
+            .map(|(at, item)| {
+                let named = match item {
+                    Evictable::Reservation(id) => Named::Reservation(id),
+                    Evictable::Idempotency(arrival) => {
+                        Named::Idempotency(self.idempotency.key_at(*arrival).map(|k| &**k))
+                    }
+                };
+                (*at, named)
+            })
+            .collect()
     }
 }
 

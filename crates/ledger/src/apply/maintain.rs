@@ -40,10 +40,14 @@ impl Tx<'_> {
             .collect();
         let evicted = stale.len();
         for item in stale {
-            self.put(match item {
+            let effect = match item {
                 Evictable::Reservation(id) => Effect::RemoveReservation(id),
-                Evictable::Idempotency(key) => Effect::RemoveIdempotency(key),
-            });
+                Evictable::Idempotency(arrival) => match self.state.idempotency.key_at(arrival) {
+                    Some(key) => Effect::RemoveIdempotency(key.clone()),
+                    None => continue,
+                },
+            };
+            self.put(effect);
         }
         Outcome::Maintained { expired, evicted }
     }

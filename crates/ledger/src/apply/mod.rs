@@ -158,7 +158,7 @@ impl Tx<'_> {
             outcome,
             expires_at_ms: self.now.saturating_add(retention_ms),
         };
-        self.put(Effect::PutIdempotency(key, Arc::new(record)));
+        self.put(Effect::PutIdempotency(Arc::new(key), Arc::new(record)));
     }
 
     /// Remembers a command's `result` as `stored` makes it a replayable outcome, and returns
