@@ -66,8 +66,10 @@ pub struct ReserveResult {
     pub expires_at_ms: Option<Millis>,
     /// The reserved (or, on a dry-run ALLOW, the would-be reserved) amount.
     pub reserved: Option<(Unit, i64)>,
-    pub scope_path: String,
-    pub affected_scopes: Vec<String>,
+    /// Shared with the reservation.
+    pub scope_path: Arc<str>,
+    /// Shared with the reservation.
+    pub affected_scopes: Arc<[String]>,
     pub balances: Vec<Balance>,
     /// Set on a dry-run DENY.
     pub reason_code: Option<String>,

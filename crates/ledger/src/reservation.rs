@@ -1,5 +1,7 @@
 //! Reservations: holds on budgets with a lease, settled by commit, release or expiry.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{Millis, OveragePolicy, Subject, Unit};
@@ -51,8 +53,10 @@ pub struct Reservation {
     pub action: Action,
     pub unit: Unit,
     pub estimate: i64,
-    pub scope_path: String,
-    pub affected_scopes: Vec<String>,
+    /// Shared with the reserve's stored result (one allocation, not two copies).
+    pub scope_path: Arc<str>,
+    /// Shared likewise.
+    pub affected_scopes: Arc<[String]>,
     /// The scopes that had a budget in `unit` at reserve time; settlement touches only these.
     pub budgeted_scopes: Vec<String>,
     pub created_at_ms: Millis,

@@ -1,5 +1,7 @@
 //! `GET /v1/reservations`: query parameters, bound cursors and the summary rows.
 
+use std::sync::Arc;
+
 use ledger::{
     Actor, ListQuery, Position, Reservation, ReservationStatus, SortBy, SortValue, SCOPE_LEVELS,
 };
@@ -178,8 +180,11 @@ pub struct ReservationSummary {
     pub reserved: Amount,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
-    pub scope_path: String,
-    pub affected_scopes: Vec<String>,
+    /// Shared with the stored reservation (no copy per listed row).
+    #[schema(value_type = String)]
+    pub scope_path: Arc<str>,
+    #[schema(value_type = Vec<String>)]
+    pub affected_scopes: Arc<[String]>,
     pub idempotency_key: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finalized_at_ms: Option<i64>,

@@ -12,6 +12,11 @@ use crate::{
 
 use super::{Tx, DAY_MS};
 
+/// The most specific scope of a derived list (the reservation's `scope_path`).
+fn leaf_path(scopes: &[String]) -> Arc<str> {
+    Arc::from(scopes.last().map_or("", String::as_str))
+}
+
 /// ALLOW, or ALLOW_WITH_CAPS when a policy supplies caps.
 fn decision_with(caps: &Option<Caps>) -> Decision {
     if caps.is_some() {
@@ -128,7 +133,7 @@ impl Tx<'_> {
     pub(crate) fn reserve(&mut self, cmd: ReserveCmd) -> Result<Outcome, Rejection> {
         let caller = self.tenant_caller(&cmd.actor, Permission::ReservationsCreate)?;
         self.check_subject_tenant(&cmd.subject, &caller.tenant_id)?;
-        let scopes = derive_scopes(&cmd.subject);
+        let scopes: Arc<[String]> = derive_scopes(&cmd.subject).into();
         let idem_key = IdemKey {
             tenant_id: caller.tenant_id.clone(),
             endpoint: Endpoint::Reserve,
@@ -145,7 +150,7 @@ impl Tx<'_> {
                 replayed: true,
             });
         }
-        let scope_path = scopes.last().cloned().unwrap_or_default();
+        let scope_path = leaf_path(&scopes);
         let result = match self.admit(&caller.tenant_id, &scopes, cmd.unit, cmd.estimate) {
             Err(Blocked::Error(e)) => return Err(e),
             Err(Blocked::Deny(_, e)) if !cmd.dry_run => return Err(e),
@@ -218,11 +223,11 @@ impl Tx<'_> {
         &mut self,
         tenant_id: &str,
         cmd: &ReserveCmd,
-        scopes: Vec<String>,
+        scopes: Arc<[String]>,
         mut budgets: Vec<Budget>,
     ) -> Result<ReserveResult, Rejection> {
         let tenant = self.existing_tenant(tenant_id)?.clone();
-        let scope_path = scopes.last().cloned().unwrap_or_default();
+        let scope_path = leaf_path(&scopes);
         let governing = self.governing_policy(tenant_id, &scope_path).cloned();
         let limits = governing
             .as_ref()
