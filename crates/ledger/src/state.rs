@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use imbl::{HashMap as ImHashMap, OrdMap};
 
-use crate::idempotency::{Arrival, IdemEntry, IdemTable};
-
 use serde::{Deserialize, Serialize};
 
+use crate::idempotency::{Arrival, IdemEntry, IdemTable};
 use crate::listing::ListIndex;
 use crate::{
     ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy, Reservation, ReservationStatus,
