@@ -73,9 +73,11 @@ pub(crate) struct IdemTable {
 
 #[derive(Debug, Clone)]
 struct Slot {
+    /// Stored so growing the table never rehashes keys.
     hash: u64,
     arrival: Arrival,
     key: Arc<IdemKey>,
+    /// The same `Arc` as in the ordered map: a lookup needs no walk of that tree.
     record: Arc<IdemRecord>,
 }
 

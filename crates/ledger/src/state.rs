@@ -429,6 +429,22 @@ impl State {
         state
     }
 
+    /// The retention order with records named by key, comparable across rebuilds.
+    fn retention_by_name(&self) -> Vec<(Millis, Named<'_>)> {
+        self.retention_index
+            .iter()
+            .map(|(at, item)| {
+                let named = match item {
+                    Evictable::Reservation(id) => Named::Reservation(id),
+                    Evictable::Idempotency(arrival) => {
+                        Named::Idempotency(self.idempotency.key_at(*arrival).map(|k| &**k))
+                    }
+                };
+                (*at, named)
+            })
+            .collect()
+    }
+
     /// Checks the ledger's rules on the whole state: the balance invariant on every budget,
     /// that each budget's `reserved` equals the holds of its ACTIVE reservations, and that
     /// the ordered indexes (kept incrementally) equal indexes rebuilt from scratch.
@@ -494,23 +510,6 @@ impl State {
 enum Named<'a> {
     Reservation(&'a str),
     Idempotency(Option<&'a IdemKey>),
-}
-
-impl State {
-    fn retention_by_name(&self) -> Vec<(Millis, Named<'_>)> {
-        self.retention_index
-            .iter()
-            .map(|(at, item)| {
-                let named = match item {
-                    Evictable::Reservation(id) => Named::Reservation(id),
-                    Evictable::Idempotency(arrival) => {
-                        Named::Idempotency(self.idempotency.key_at(*arrival).map(|k| &**k))
-                    }
-                };
-                (*at, named)
-            })
-            .collect()
-    }
 }
 
 /// When a reservation next needs the ledger's attention: an ACTIVE one expires at its

@@ -12,11 +12,6 @@ use crate::{
 
 use super::{Tx, DAY_MS};
 
-/// The most specific scope of a derived list (the reservation's `scope_path`).
-fn leaf_path(scopes: &[String]) -> Arc<str> {
-    Arc::from(scopes.last().map_or("", String::as_str))
-}
-
 /// ALLOW, or ALLOW_WITH_CAPS when a policy supplies caps.
 fn decision_with(caps: &Option<Caps>) -> Decision {
     if caps.is_some() {
@@ -150,7 +145,8 @@ impl Tx<'_> {
                 replayed: true,
             });
         }
-        let scope_path = leaf_path(&scopes);
+        // The most specific scope; shared by the result and the reservation.
+        let scope_path: Arc<str> = Arc::from(scopes.last().map_or("", String::as_str));
         let result = match self.admit(&caller.tenant_id, &scopes, cmd.unit, cmd.estimate) {
             Err(Blocked::Error(e)) => return Err(e),
             Err(Blocked::Deny(_, e)) if !cmd.dry_run => return Err(e),
@@ -179,7 +175,7 @@ impl Tx<'_> {
                     caps,
                 }
             }
-            Ok(budgets) => self.hold(&caller.tenant_id, &cmd, scopes, budgets)?,
+            Ok(budgets) => self.hold(&caller.tenant_id, &cmd, scope_path, scopes, budgets)?,
         };
         let retention = match &result.expires_at_ms {
             Some(expires) => (expires - self.now + cmd.grace_period_ms).max(DAY_MS),
@@ -223,11 +219,11 @@ impl Tx<'_> {
         &mut self,
         tenant_id: &str,
         cmd: &ReserveCmd,
+        scope_path: Arc<str>,
         scopes: Arc<[String]>,
         mut budgets: Vec<Budget>,
     ) -> Result<ReserveResult, Rejection> {
         let tenant = self.existing_tenant(tenant_id)?.clone();
-        let scope_path = leaf_path(&scopes);
         let governing = self.governing_policy(tenant_id, &scope_path).cloned();
         let limits = governing
             .as_ref()
