@@ -17,9 +17,10 @@ pub enum Endpoint {
     Reserve,
     Decide,
     Event,
-    Commit(String),
-    Release(String),
-    Extend(String),
+    /// Keyed per reservation; the id is shared with the reservation.
+    Commit(Arc<str>),
+    Release(Arc<str>),
+    Extend(Arc<str>),
     Fund,
 }
 

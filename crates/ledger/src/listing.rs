@@ -98,6 +98,11 @@ impl Text {
         }
     }
 
+    /// The id of `r`, sharing the reservation's allocation (no copy per index key).
+    fn id_of(r: &Reservation) -> Text {
+        Text::with_full(&r.reservation_id, r.reservation_id.clone())
+    }
+
     /// The lowest key: sorts before every other string.
     fn empty() -> Text {
         Text::new("")
@@ -285,7 +290,7 @@ impl ListIndex {
         let mut by_status_created = Vec::new();
         let mut scopes = Scopes::default();
         for r in rows {
-            let id = Text::new(&r.reservation_id);
+            let id = Text::id_of(r);
             by_scope.push((scopes.acquire(&r.scope_path), id.clone()));
             for (entries, order) in by_int.iter_mut().zip(IntOrder::ALL) {
                 entries.push((order.value(r), id.clone()));
@@ -303,7 +308,7 @@ impl ListIndex {
     }
 
     pub(crate) fn insert(&mut self, r: &Reservation) {
-        let id = Text::new(&r.reservation_id);
+        let id = Text::id_of(r);
         self.add_scope(&r.scope_path, &id);
         for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
             set.insert((order.value(r), id.clone()));
@@ -314,7 +319,7 @@ impl ListIndex {
     }
 
     pub(crate) fn remove(&mut self, r: &Reservation) {
-        let id = Text::new(&r.reservation_id);
+        let id = Text::id_of(r);
         self.remove_scope(&r.scope_path, &id);
         for (set, order) in self.by_int.iter_mut().zip(IntOrder::ALL) {
             set.remove(&(order.value(r), id.clone()));
@@ -327,7 +332,7 @@ impl ListIndex {
     /// Moves `old` to where `new` (the same reservation, changed) belongs, touching only
     /// the orders whose value changed. The id never changes.
     pub(crate) fn update(&mut self, old: &Reservation, new: &Reservation) {
-        let id = Text::new(&new.reservation_id);
+        let id = Text::id_of(new);
         if old.scope_path != new.scope_path {
             self.remove_scope(&old.scope_path, &id);
             self.add_scope(&new.scope_path, &id);
@@ -345,7 +350,7 @@ impl ListIndex {
     /// Moves `r` from status `old` to its current status, nothing else about it changed
     /// (what [`ListIndex::update`] would do, without the reservation as it was).
     pub(crate) fn restatus(&mut self, r: &Reservation, old: ReservationStatus) {
-        let id = Text::new(&r.reservation_id);
+        let id = Text::id_of(r);
         let rank = |s| i64::from(status_rank(s));
         self.move_int(IntOrder::Status, &id, rank(old), rank(r.status));
         self.move_partition(&id, (old, r.created_at_ms), (r.status, r.created_at_ms));
@@ -471,7 +476,7 @@ pub fn position(r: &Reservation, sort: SortBy) -> Position {
         Field::Int(v) => SortValue::Int(v),
         Field::Text(t) => SortValue::Text(t.to_string()),
     };
-    (value, r.reservation_id.clone())
+    (value, r.reservation_id.to_string())
 }
 
 #[cfg(test)]

@@ -60,8 +60,8 @@ impl Decision {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReserveResult {
     pub decision: Decision,
-    /// Set on a live reservation only.
-    pub reservation_id: Option<String>,
+    /// Set on a live reservation only; shared with the reservation.
+    pub reservation_id: Option<Arc<str>>,
     /// Set on a live reservation only.
     pub expires_at_ms: Option<Millis>,
     /// The reserved (or, on a dry-run ALLOW, the would-be reserved) amount.
@@ -73,8 +73,9 @@ pub struct ReserveResult {
     pub balances: Vec<Balance>,
     /// Set on a dry-run DENY.
     pub reason_code: Option<String>,
-    /// Set with `ALLOW_WITH_CAPS`.
-    pub caps: Option<Caps>,
+    /// Set with `ALLOW_WITH_CAPS`. Boxed: rarely set, and every stored reserve result
+    /// carries the field (~90 bytes inline).
+    pub caps: Option<Box<Caps>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -46,7 +46,8 @@ impl ReservationStatus {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
-    pub reservation_id: String,
+    /// Shared with the state's map key, its indexes and the reserve's stored result.
+    pub reservation_id: Arc<str>,
     /// The tenant the reservation is bound to (the caller's effective tenant at creation).
     pub tenant_id: String,
     pub subject: Subject,

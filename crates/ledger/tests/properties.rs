@@ -657,7 +657,8 @@ impl Driver {
             ..
         }) = &applied.result
         {
-            self.reservations.extend(result.reservation_id.clone());
+            self.reservations
+                .extend(result.reservation_id.as_deref().map(str::to_string));
         }
         if namespace(&command).is_some() {
             self.resendable.push(command.clone());
@@ -1205,7 +1206,7 @@ fn check_reservation_transitions(step: &Step) -> Result<(), TestCaseError> {
         .before
         .reservations()
         .chain(step.after.reservations())
-        .map(|r| r.reservation_id.as_str())
+        .map(|r| &*r.reservation_id)
         .collect();
     let mut expired = 0;
     for id in ids {
@@ -1245,7 +1246,7 @@ fn check_created(step: &Step, new: &Reservation) -> Result<(), TestCaseError> {
         "dry run or replay created {:?}",
         new
     );
-    prop_assert_eq!(&new.reservation_id, &c.reservation_id);
+    prop_assert_eq!(&*new.reservation_id, c.reservation_id.as_str());
     prop_assert_eq!(result.reservation_id.as_ref(), Some(&new.reservation_id));
     prop_assert_eq!(result.expires_at_ms, Some(new.expires_at_ms));
     prop_assert_eq!(new.status, ReservationStatus::Active);
@@ -1286,7 +1287,7 @@ fn check_transition(
     old: &Reservation,
     new: &Reservation,
 ) -> Result<(), TestCaseError> {
-    let id = old.reservation_id.as_str();
+    let id = &*old.reservation_id;
     let identity = |r: &Reservation| {
         (
             r.tenant_id.clone(),

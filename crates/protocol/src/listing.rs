@@ -172,7 +172,9 @@ impl Include {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "One reservation in a listing.")]
 pub struct ReservationSummary {
-    pub reservation_id: String,
+    /// Shared with the stored reservation, like the scopes.
+    #[schema(value_type = String)]
+    pub reservation_id: Arc<str>,
     #[schema(value_type = StatusSchema)]
     pub status: &'static str,
     pub subject: Subject,

@@ -134,7 +134,7 @@ impl<'a> ReservationCreateResponse<'a> {
             reserved: r.reserved.map(|(u, a)| Amount::new(u, a)),
             balances: balances(&r.balances),
             reason_code: r.reason_code.as_deref(),
-            caps: r.caps.clone().map(Into::into),
+            caps: r.caps.as_deref().cloned().map(Into::into),
         }
     }
 }

@@ -46,11 +46,11 @@ impl Tx<'_> {
         match r.status {
             ReservationStatus::Active => Ok(()),
             ReservationStatus::Expired => {
-                Err(Rejection::ReservationExpired(r.reservation_id.clone()))
+                Err(Rejection::ReservationExpired(r.reservation_id.to_string()))
             }
             status @ (ReservationStatus::Committed | ReservationStatus::Released) => {
                 Err(Rejection::ReservationFinalized {
-                    id: r.reservation_id.clone(),
+                    id: r.reservation_id.to_string(),
                     status: status.as_str(),
                 })
             }
@@ -100,7 +100,7 @@ impl Tx<'_> {
     fn refuse_if_lapsed(&mut self, r: &Reservation) -> Result<(), Rejection> {
         if self.now > r.settle_deadline() {
             self.expire(r)?;
-            return Err(Rejection::ReservationExpired(r.reservation_id.clone()));
+            return Err(Rejection::ReservationExpired(r.reservation_id.to_string()));
         }
         Ok(())
     }
@@ -246,11 +246,11 @@ impl Tx<'_> {
         self.refuse_if_lapsed(&r)?;
         if self.now > r.expires_at_ms {
             // Within grace a commit or release is still accepted, but the lease is over.
-            return Err(Rejection::ReservationExpired(r.reservation_id.clone()));
+            return Err(Rejection::ReservationExpired(r.reservation_id.to_string()));
         }
         if r.extension_count >= r.max_extensions {
             return Err(Rejection::MaxExtensionsExceeded {
-                id: r.reservation_id.clone(),
+                id: r.reservation_id.to_string(),
                 max: r.max_extensions,
             });
         }

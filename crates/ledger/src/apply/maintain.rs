@@ -1,6 +1,7 @@
 //! Background maintenance: expiry of lapsed reservations and eviction past retention.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use crate::{state::Evictable, Effect, Outcome, Unit};
 
@@ -10,7 +11,7 @@ impl Tx<'_> {
     /// Expires up to `limit` ACTIVE reservations whose grace has passed (returning their
     /// holds) and evicts up to `limit` records whose retention has passed.
     pub(crate) fn maintain(&mut self, limit: usize) -> Outcome {
-        let due: Vec<String> = self
+        let due: Vec<Arc<str>> = self
             .state
             .expiry_index
             .iter()
@@ -20,7 +21,7 @@ impl Tx<'_> {
             .collect();
         let mut expired = 0;
         for id in due {
-            let Some(r) = self.state.reservations.get(&id).cloned() else {
+            let Some(r) = self.state.reservations.get(&*id).cloned() else {
                 continue;
             };
             // A reservation whose budgets cannot take the hold back stays ACTIVE and is

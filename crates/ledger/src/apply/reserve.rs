@@ -13,7 +13,7 @@ use crate::{
 use super::{Tx, DAY_MS};
 
 /// ALLOW, or ALLOW_WITH_CAPS when a policy supplies caps.
-fn decision_with(caps: &Option<Caps>) -> Decision {
+fn decision_with<C>(caps: &Option<C>) -> Decision {
     if caps.is_some() {
         Decision::AllowWithCaps
     } else {
@@ -162,7 +162,7 @@ impl Tx<'_> {
                 caps: None,
             },
             Ok(budgets) if cmd.dry_run => {
-                let caps = self.caps_for(&caller.tenant_id, &scope_path);
+                let caps = self.caps_for(&caller.tenant_id, &scope_path).map(Box::new);
                 ReserveResult {
                     decision: decision_with(&caps),
                     reservation_id: None,
@@ -209,7 +209,7 @@ impl Tx<'_> {
         Some(
             self.state
                 .reservations
-                .get(id)
+                .get(&**id)
                 .map_or(0, |r| r.remaining_ttl_ms(expires, self.now)),
         )
     }
@@ -223,8 +223,9 @@ impl Tx<'_> {
         scopes: Arc<[String]>,
         mut budgets: Vec<Budget>,
     ) -> Result<ReserveResult, Rejection> {
-        let tenant = self.existing_tenant(tenant_id)?.clone();
-        let governing = self.governing_policy(tenant_id, &scope_path).cloned();
+        // Borrowed, not cloned: only a few scalars and the caps are needed.
+        let tenant = self.existing_tenant(tenant_id)?;
+        let governing = self.governing_policy(tenant_id, &scope_path);
         let limits = governing
             .as_ref()
             .and_then(|p| p.reservation_ttl_override)
@@ -234,18 +235,21 @@ impl Tx<'_> {
             .or(limits.default_ttl_ms)
             .unwrap_or(tenant.default_reservation_ttl_ms)
             .min(limits.max_ttl_ms.unwrap_or(tenant.max_reservation_ttl_ms));
-        let caps = governing.as_ref().and_then(|p| p.caps.clone());
+        let caps = governing.and_then(|p| p.caps.clone()).map(Box::new);
         // Most specific wins: reservation, policy, budget ledger, tenant default.
         let policy = cmd
             .overage_policy
-            .or_else(|| governing.as_ref().and_then(|p| p.commit_overage_policy))
+            .or_else(|| governing.and_then(|p| p.commit_overage_policy))
             .or_else(|| budgets.last().and_then(|b| b.commit_overage_policy))
             .unwrap_or(tenant.default_commit_overage_policy);
+        let max_extensions = limits
+            .max_extensions
+            .unwrap_or(tenant.max_reservation_extensions);
         for b in &mut budgets {
             b.hold(cmd.estimate)?;
         }
         let reservation = Reservation {
-            reservation_id: cmd.reservation_id.clone(),
+            reservation_id: Arc::from(cmd.reservation_id.as_str()),
             tenant_id: tenant_id.to_string(),
             subject: cmd.subject.clone(),
             action: cmd.action.clone(),
@@ -261,9 +265,7 @@ impl Tx<'_> {
             metadata: cmd.metadata.clone(),
             idempotency_key: cmd.idem.key.clone(),
             extension_count: 0,
-            max_extensions: limits
-                .max_extensions
-                .unwrap_or(tenant.max_reservation_extensions),
+            max_extensions,
             status: ReservationStatus::Active,
             charged: None,
             finalized_at_ms: None,
@@ -274,7 +276,7 @@ impl Tx<'_> {
         if self
             .state
             .reservations
-            .contains_key(&reservation.reservation_id)
+            .contains_key(&*reservation.reservation_id)
         {
             return Err(Rejection::Internal("reservation id collision".into()));
         }
