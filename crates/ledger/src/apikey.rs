@@ -1,5 +1,7 @@
 //! Tenant API keys and their permissions.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::Millis;
@@ -153,7 +155,9 @@ impl ApiKeyStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiKey {
     pub key_id: String,
-    pub tenant_id: String,
+    /// Shared with every request it authenticates: the caller, the reservations and the
+    /// idempotency records it creates hold this allocation, not copies.
+    pub tenant_id: Arc<str>,
     pub key_prefix: String,
     pub digest: [u8; 32],
     pub name: String,

@@ -26,7 +26,7 @@ pub enum Endpoint {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct IdemKey {
-    pub tenant_id: String,
+    pub tenant_id: Arc<str>,
     pub endpoint: Endpoint,
     pub key: String,
 }

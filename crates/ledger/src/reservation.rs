@@ -49,7 +49,7 @@ pub struct Reservation {
     /// Shared with the state's map key, its indexes and the reserve's stored result.
     pub reservation_id: Arc<str>,
     /// The tenant the reservation is bound to (the caller's effective tenant at creation).
-    pub tenant_id: String,
+    pub tenant_id: Arc<str>,
     pub subject: Subject,
     pub action: Action,
     pub unit: Unit,

@@ -276,7 +276,7 @@ impl State {
         r.status = ReservationStatus::Expired;
         r.expired_at_ms = Some(at);
         let r = slot.clone();
-        if let Some(index) = self.list_index.get_mut(&r.tenant_id) {
+        if let Some(index) = self.list_index.get_mut(&*r.tenant_id) {
             index.restatus(&r, ReservationStatus::Active);
         }
         self.remove_lapse_at(before, &r.reservation_id);
@@ -311,10 +311,10 @@ impl State {
     }
 
     fn unindex_reservation(&mut self, r: &Reservation) {
-        if let Some(index) = self.list_index.get_mut(&r.tenant_id) {
+        if let Some(index) = self.list_index.get_mut(&*r.tenant_id) {
             index.remove(r);
             if index.is_empty() {
-                self.list_index.remove(&r.tenant_id);
+                self.list_index.remove(&*r.tenant_id);
             }
         }
         self.remove_lapse(r);
@@ -327,7 +327,7 @@ impl State {
             old.tenant_id, new.tenant_id,
             "a reservation never moves tenant"
         );
-        match self.list_index.get_mut(&new.tenant_id) {
+        match self.list_index.get_mut(&*new.tenant_id) {
             Some(index) => index.update(old, new),
             None => self.tenant_index(&new.tenant_id).insert(new),
         }

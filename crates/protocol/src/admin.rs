@@ -372,7 +372,7 @@ impl ApiKeyCreateResponse {
             key_id: key.key_id,
             key_secret: secret,
             key_prefix: key.key_prefix,
-            tenant_id: key.tenant_id,
+            tenant_id: key.tenant_id.to_string(),
             created_at: format_rfc3339(key.created_at_ms),
             expires_at: format_rfc3339(key.expires_at_ms),
         }
@@ -417,7 +417,7 @@ impl ApiKeyResponse {
             permissions: permission_names(&key.permissions),
             metadata: metadata_raw(&key.metadata),
             key_id: key.key_id,
-            tenant_id: key.tenant_id,
+            tenant_id: key.tenant_id.to_string(),
             key_prefix: key.key_prefix,
             name: key.name,
             description: key.description,

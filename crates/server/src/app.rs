@@ -58,7 +58,7 @@ impl App {
         &self,
         command: Command,
         plane: Plane,
-    ) -> Result<(Outcome, Option<String>), Failure> {
+    ) -> Result<(Outcome, Option<Arc<str>>), Failure> {
         // A request alone in the server may have its write synced on its own thread.
         let load = if self.http_metrics.alone() {
             Load::Alone
@@ -90,7 +90,7 @@ impl App {
         plane: Plane,
         parse: impl FnOnce() -> Result<T, ApiError>,
         command: impl FnOnce(T) -> Command,
-    ) -> Result<(Outcome, Option<String>), Failure> {
+    ) -> Result<(Outcome, Option<Arc<str>>), Failure> {
         let parsed = self.validated(actor, plane, parse).await?;
         self.run(command(parsed), plane).await
     }

@@ -1,6 +1,7 @@
 //! Building responses.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,7 +16,7 @@ pub const TENANT_HEADER: HeaderName = HeaderName::from_static("x-cycles-tenant")
 #[derive(Debug)]
 pub struct Failure {
     pub error: ApiError,
-    pub tenant: Option<String>,
+    pub tenant: Option<Arc<str>>,
 }
 
 impl From<ApiError> for Failure {
@@ -59,7 +60,7 @@ pub fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
 }
 
 /// A JSON success body with the caller's tenant header.
-pub fn tenant_json<T: Serialize>(status: StatusCode, body: &T, tenant: Option<String>) -> Answer {
+pub fn tenant_json<T: Serialize>(status: StatusCode, body: &T, tenant: Option<Arc<str>>) -> Answer {
     Ok(with_tenant(json(status, body), tenant.as_deref()))
 }
 

@@ -9,6 +9,7 @@ pub mod embedded;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 use ledger::{Command, Outcome, Rejection};
@@ -21,7 +22,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct Reply {
     pub result: Result<Outcome, Rejection>,
     /// The caller's effective tenant, once authenticated.
-    pub tenant: Option<String>,
+    pub tenant: Option<Arc<str>>,
 }
 
 /// Why a store could not answer (as opposed to answering with a rejection).

@@ -216,7 +216,7 @@ impl Tx<'_> {
         }
         let key = ApiKey {
             key_id: new.key_id,
-            tenant_id: new.tenant_id,
+            tenant_id: new.tenant_id.into(),
             key_prefix: new.key_prefix,
             digest: new.digest,
             name: new.name,
@@ -271,7 +271,7 @@ impl Tx<'_> {
         named: Option<String>,
     ) -> Result<String, Rejection> {
         match self.admin_or_tenant(actor, permission)? {
-            Some(caller) => Ok(caller.tenant_id),
+            Some(caller) => Ok(caller.tenant_id.to_string()),
             None => named.ok_or_else(|| {
                 Rejection::InvalidRequest(
                     "tenant_id is required when using admin key authentication".into(),
@@ -347,7 +347,7 @@ impl Tx<'_> {
         q: BudgetListQuery,
     ) -> Result<Outcome, Rejection> {
         let tenant = match self.admin_or_tenant(actor, Permission::BudgetsRead)? {
-            Some(caller) => Some(caller.tenant_id),
+            Some(caller) => Some(caller.tenant_id.to_string()),
             None => q.tenant_id.clone(),
         };
         let start = match q.after {
@@ -399,7 +399,7 @@ impl Tx<'_> {
             .cloned()
             .ok_or_else(not_found)?;
         match caller {
-            Some(c) if c.tenant_id != budget.tenant_id => Err(not_found()),
+            Some(c) if *c.tenant_id != *budget.tenant_id => Err(not_found()),
             _ => Ok(budget),
         }
     }
@@ -430,7 +430,7 @@ impl Tx<'_> {
             )));
         }
         let idem_key = cmd.idem.as_ref().map(|i| IdemKey {
-            tenant_id: tenant_id.clone(),
+            tenant_id: Arc::from(tenant_id.as_str()),
             endpoint: Endpoint::Fund,
             key: i.key.clone(),
         });

@@ -1,12 +1,14 @@
 //! Resolving actors to principals, and the permission and tenancy checks.
 
+use std::sync::Arc;
+
 use crate::{Actor, ApiKey, ApiKeyStatus, Permission, Principal, Rejection, Tenant};
 
 use super::Tx;
 
 /// A tenant-key caller, resolved.
 pub(crate) struct Caller {
-    pub tenant_id: String,
+    pub tenant_id: Arc<str>,
 }
 
 impl Tx<'_> {
@@ -19,7 +21,7 @@ impl Tx<'_> {
         };
         let key = self.live_key(digest)?;
         let principal = Principal::Tenant {
-            tenant_id: key.tenant_id.clone(),
+            tenant_id: key.tenant_id.to_string(),
             key_id: key.key_id.clone(),
             permissions: key.permissions.clone(),
         };
@@ -45,7 +47,7 @@ impl Tx<'_> {
                 return Err(Rejection::Unauthorized("API key has expired".into()))
             }
         }
-        if !self.state.tenants.contains_key(&key.tenant_id) {
+        if !self.state.tenants.contains_key(&*key.tenant_id) {
             return Err(Rejection::Unauthorized(
                 "API key belongs to an unknown tenant".into(),
             ));

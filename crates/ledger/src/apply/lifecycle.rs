@@ -24,7 +24,7 @@ impl Tx<'_> {
             .get(id)
             .ok_or_else(|| Rejection::NotFound(format!("Reservation not found: {id}")))?;
         match caller_tenant {
-            Some(t) if t != r.tenant_id => Err(Rejection::Forbidden(format!(
+            Some(t) if t != &*r.tenant_id => Err(Rejection::Forbidden(format!(
                 "Reservation {id} belongs to another tenant"
             ))),
             _ => Ok((**r).clone()),
@@ -38,10 +38,10 @@ impl Tx<'_> {
         if self
             .state
             .tenants
-            .get(&r.tenant_id)
+            .get(&*r.tenant_id)
             .is_some_and(|t| t.status == TenantStatus::Closed)
         {
-            return Err(Rejection::TenantClosed(r.tenant_id.clone()));
+            return Err(Rejection::TenantClosed(r.tenant_id.to_string()));
         }
         match r.status {
             ReservationStatus::Active => Ok(()),
@@ -170,10 +170,8 @@ impl Tx<'_> {
 
     pub(crate) fn release(&mut self, cmd: ReleaseCmd) -> Result<Outcome, Rejection> {
         let caller = self.admin_or_tenant(&cmd.actor, Permission::ReservationsRelease)?;
-        let r = self.owned_reservation(
-            &cmd.reservation_id,
-            caller.as_ref().map(|c| c.tenant_id.as_str()),
-        )?;
+        let r =
+            self.owned_reservation(&cmd.reservation_id, caller.as_ref().map(|c| &*c.tenant_id))?;
         let idem_key = IdemKey {
             tenant_id: r.tenant_id.clone(),
             endpoint: Endpoint::Release(r.reservation_id.clone()),
@@ -292,7 +290,7 @@ impl Tx<'_> {
         id: &str,
     ) -> Result<Outcome, Rejection> {
         let caller = self.admin_or_tenant(actor, Permission::ReservationsList)?;
-        let mut r = self.owned_reservation(id, caller.as_ref().map(|c| c.tenant_id.as_str()))?;
+        let mut r = self.owned_reservation(id, caller.as_ref().map(|c| &*c.tenant_id))?;
         r.status = r.effective_status(self.now);
         if r.status == ReservationStatus::Expired {
             return Err(Rejection::ReservationExpired(id.to_string()));

@@ -1,5 +1,7 @@
 //! `GET /v1/reservations`: one tenant's reservations, filtered, in a chosen order.
 
+use std::sync::Arc;
+
 use crate::{
     position, Endpoint, IdemKey, ListQuery, Millis, Outcome, Permission, Rejection, Reservation,
     StoredOutcome,
@@ -36,13 +38,13 @@ impl Tx<'_> {
             Some(caller) => {
                 if q.tenant
                     .as_ref()
-                    .is_some_and(|t| t.to_lowercase() != caller.tenant_id)
+                    .is_some_and(|t| *t.to_lowercase() != *caller.tenant_id)
                 {
                     return Err(Rejection::Forbidden(
                         "tenant does not match the API key's tenant".into(),
                     ));
                 }
-                caller.tenant_id
+                caller.tenant_id.to_string()
             }
             None => q.tenant.clone().ok_or_else(|| {
                 Rejection::InvalidRequest(
@@ -105,7 +107,7 @@ impl Tx<'_> {
     /// The reservation a live reserve with `key` created, if it is still known.
     fn created_by_key(&self, tenant: &str, key: &str) -> Option<&Reservation> {
         let record = self.state.idempotency.get(&IdemKey {
-            tenant_id: tenant.to_string(),
+            tenant_id: Arc::from(tenant),
             endpoint: Endpoint::Reserve,
             key: key.to_string(),
         })?;
@@ -114,6 +116,6 @@ impl Tx<'_> {
         };
         self.state
             .reservation(result.reservation_id.as_ref()?)
-            .filter(|r| r.tenant_id == tenant && r.idempotency_key == key)
+            .filter(|r| &*r.tenant_id == tenant && r.idempotency_key == key)
     }
 }

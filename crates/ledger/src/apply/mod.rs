@@ -23,7 +23,7 @@ pub struct Applied {
     pub result: Result<Outcome, Rejection>,
     pub effects: Vec<Effect>,
     /// The caller's effective tenant, once known (for the `X-Cycles-Tenant` header).
-    pub tenant: Option<String>,
+    pub tenant: Option<Arc<str>>,
 }
 
 /// Applies one command at time `now`. Deterministic: no clock, no randomness, no I/O.
@@ -46,7 +46,7 @@ pub fn apply(state: &mut State, command: Command, now: Millis) -> Applied {
 pub(crate) struct Tx<'a> {
     pub(crate) state: &'a mut State,
     effects: Vec<Effect>,
-    pub(crate) tenant: Option<String>,
+    pub(crate) tenant: Option<Arc<str>>,
     pub(crate) now: Millis,
 }
 

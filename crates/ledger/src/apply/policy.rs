@@ -87,7 +87,7 @@ impl Tx<'_> {
             .find(|p| p.policy_id == policy_id)
             .cloned()
             .ok_or_else(not_found)?;
-        if caller.is_some_and(|c| c.tenant_id != p.tenant_id) {
+        if caller.is_some_and(|c| *c.tenant_id != *p.tenant_id) {
             return Err(not_found());
         }
         self.writable_tenant(&p.tenant_id)?;

@@ -217,7 +217,7 @@ impl Tx<'_> {
     /// Creates the reservation and holds its estimate on every budgeted scope.
     fn hold(
         &mut self,
-        tenant_id: &str,
+        tenant_id: &Arc<str>,
         cmd: &ReserveCmd,
         scope_path: Arc<str>,
         scopes: Arc<[String]>,
@@ -250,7 +250,7 @@ impl Tx<'_> {
         }
         let reservation = Reservation {
             reservation_id: Arc::from(cmd.reservation_id.as_str()),
-            tenant_id: tenant_id.to_string(),
+            tenant_id: tenant_id.clone(),
             subject: cmd.subject.clone(),
             action: cmd.action.clone(),
             unit: cmd.unit,
@@ -412,7 +412,7 @@ impl Tx<'_> {
     pub(crate) fn balances(&mut self, q: BalanceQuery) -> Result<Outcome, Rejection> {
         let caller = self.tenant_caller(&q.actor, Permission::BalancesRead)?;
         if let Some(t) = &q.tenant {
-            if t.to_lowercase() != caller.tenant_id {
+            if *t.to_lowercase() != *caller.tenant_id {
                 return Err(Rejection::Forbidden(format!(
                     "tenant '{t}' does not match the API key's tenant"
                 )));

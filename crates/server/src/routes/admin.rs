@@ -55,7 +55,7 @@ fn tenant_answer(outcome: Outcome, created_status: StatusCode) -> Answer {
     Ok(json(status, &TenantResponse::from(tenant)))
 }
 
-fn budget_answer(outcome: Outcome, status: StatusCode, tenant: Option<String>) -> Answer {
+fn budget_answer(outcome: Outcome, status: StatusCode, tenant: Option<Arc<str>>) -> Answer {
     let Outcome::Budget(budget) = outcome else {
         return Err(unexpected(&outcome));
     };

@@ -17,7 +17,7 @@ use crate::ids;
 use crate::query::Query;
 use crate::reply::{next_cursor, tenant_json, unexpected, Answer};
 
-fn policy_answer(outcome: Outcome, status: StatusCode, tenant: Option<String>) -> Answer {
+fn policy_answer(outcome: Outcome, status: StatusCode, tenant: Option<Arc<str>>) -> Answer {
     let Outcome::Policy(policy) = outcome else {
         return Err(unexpected(&outcome));
     };

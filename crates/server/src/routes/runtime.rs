@@ -108,7 +108,7 @@ async fn on_reservation<T: DeserializeOwned + Validate + Keyed>(
     headers: &HeaderMap,
     body: &Bytes,
     command: impl FnOnce(T, Actor, String) -> Command,
-) -> Result<(Outcome, Option<String>), Failure> {
+) -> Result<(Outcome, Option<Arc<str>>), Failure> {
     let request: T = keyed_body(app, &actor, headers, body).await?;
     let id = app
         .validated(&actor, Plane::Runtime, || reservation_path(id))
