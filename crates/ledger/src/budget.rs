@@ -4,6 +4,8 @@
 //! every scope before anything is changed: operations across scopes are all-or-nothing.
 //! The invariant `remaining = allocated − spent − reserved − debt` holds after every one.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{checked_add, checked_sub, Millis, Rejection, Unit};
@@ -85,16 +87,18 @@ impl RolloverPolicy {
 /// A budget is addressed by its canonical scope and unit.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct BudgetKey {
-    pub scope: String,
+    pub scope: Arc<str>,
     pub unit: Unit,
 }
 
 /// One `(scope, unit)` ledger.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budget {
-    pub ledger_id: String,
-    pub tenant_id: String,
-    pub scope: String,
+    // Text behind `Arc` (serialized as plain strings): a reserve or commit copies the
+    // budgets it changes, and their keys, balances and reservations share the scope.
+    pub ledger_id: Arc<str>,
+    pub tenant_id: Arc<str>,
+    pub scope: Arc<str>,
     pub unit: Unit,
     pub allocated: i64,
     pub remaining: i64,
@@ -109,7 +113,7 @@ pub struct Budget {
     pub period_start_ms: Option<Millis>,
     pub period_end_ms: Option<Millis>,
     /// Opaque JSON object text.
-    pub metadata: Option<String>,
+    pub metadata: Option<Arc<str>>,
     pub created_at_ms: Millis,
     pub updated_at_ms: Millis,
 }
@@ -178,23 +182,23 @@ impl Budget {
 /// wins over a debt or a shortfall elsewhere (runtime spec §4.1 rules 3–4).
 pub fn admission_refusal(budgets: &[&Budget], estimate: i64) -> Option<Refusal> {
     if let Some(b) = budgets.iter().find(|b| b.status == BudgetStatus::Frozen) {
-        return Some(Refusal::Frozen(b.scope.clone()));
+        return Some(Refusal::Frozen(b.scope.to_string()));
     }
     if let Some(b) = budgets.iter().find(|b| b.status == BudgetStatus::Closed) {
-        return Some(Refusal::Closed(b.scope.clone()));
+        return Some(Refusal::Closed(b.scope.to_string()));
     }
     if let Some(b) = budgets.iter().find(|b| b.is_over_limit) {
-        return Some(Refusal::OverLimit(b.scope.clone()));
+        return Some(Refusal::OverLimit(b.scope.to_string()));
     }
     if let Some(b) = budgets
         .iter()
         .find(|b| b.debt > 0 && b.overdraft_limit == 0)
     {
-        return Some(Refusal::DebtOutstanding(b.scope.clone()));
+        return Some(Refusal::DebtOutstanding(b.scope.to_string()));
     }
     if let Some(b) = budgets.iter().find(|b| b.remaining < estimate) {
         return Some(Refusal::Insufficient {
-            scope: b.scope.clone(),
+            scope: b.scope.to_string(),
             remaining: b.remaining,
         });
     }
@@ -438,12 +442,12 @@ pub fn fund(
     match budget.status {
         BudgetStatus::Frozen => {
             return Err(Rejection::BudgetFrozen {
-                scope: budget.scope.clone(),
+                scope: budget.scope.to_string(),
             })
         }
         BudgetStatus::Closed => {
             return Err(Rejection::BudgetClosed {
-                scope: budget.scope.clone(),
+                scope: budget.scope.to_string(),
             })
         }
         BudgetStatus::Active => {}

@@ -12,7 +12,8 @@ use crate::{
 /// A point-in-time copy of one ledger, as returned in `balances` arrays.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Balance {
-    pub scope: String,
+    /// Shared with the budget.
+    pub scope: Arc<str>,
     pub unit: Unit,
     pub allocated: i64,
     pub remaining: i64,

@@ -59,7 +59,8 @@ pub struct Reservation {
     /// Shared likewise.
     pub affected_scopes: Arc<[String]>,
     /// The scopes that had a budget in `unit` at reserve time; settlement touches only these.
-    pub budgeted_scopes: Vec<String>,
+    /// Shared with the budgets' scopes.
+    pub budgeted_scopes: Vec<Arc<str>>,
     pub created_at_ms: Millis,
     pub expires_at_ms: Millis,
     pub grace_period_ms: i64,

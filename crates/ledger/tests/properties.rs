@@ -989,8 +989,13 @@ fn balances_are_current(after: &State, balances: &[Balance]) -> Result<(), TestC
     Ok(())
 }
 
+/// Shared strings as owned ones, to compare with expectations.
+fn texts(shared: &[std::sync::Arc<str>]) -> Vec<String> {
+    shared.iter().map(|s| s.to_string()).collect()
+}
+
 fn balance_scopes(balances: &[Balance]) -> Vec<String> {
-    balances.iter().map(|b| b.scope.clone()).collect()
+    balances.iter().map(|b| b.scope.to_string()).collect()
 }
 
 /// A snapshot with every list in a canonical order (hash maps iterate arbitrarily).
@@ -1157,7 +1162,7 @@ fn check_reported_balances(step: &Step) -> Result<(), TestCaseError> {
                 .before
                 .reservation(&c.reservation_id)
                 .expect("committed");
-            prop_assert_eq!(balance_scopes(&result.balances), r.budgeted_scopes.clone());
+            prop_assert_eq!(balance_scopes(&result.balances), texts(&r.budgeted_scopes));
             balances_are_current(step.after, &result.balances)
         }
         (
@@ -1172,7 +1177,7 @@ fn check_reported_balances(step: &Step) -> Result<(), TestCaseError> {
                 .reservation(&c.reservation_id)
                 .expect("released");
             prop_assert_eq!(result.released, r.estimate);
-            prop_assert_eq!(balance_scopes(&result.balances), r.budgeted_scopes.clone());
+            prop_assert_eq!(balance_scopes(&result.balances), texts(&r.budgeted_scopes));
             balances_are_current(step.after, &result.balances)
         }
         (
@@ -1252,8 +1257,8 @@ fn check_created(step: &Step, new: &Reservation) -> Result<(), TestCaseError> {
     prop_assert_eq!(new.status, ReservationStatus::Active);
     prop_assert_eq!((new.unit, new.estimate), (c.unit, c.estimate));
     prop_assert_eq!(
-        &new.budgeted_scopes,
-        &budgeted_scopes(step.before, &c.subject, c.unit)
+        texts(&new.budgeted_scopes),
+        budgeted_scopes(step.before, &c.subject, c.unit)
     );
     prop_assert_eq!(new.created_at_ms, step.now);
     prop_assert!(
@@ -1437,7 +1442,7 @@ impl Accounts {
         let funded = self.check_funding(step)?;
         check_charges(step)?;
         for b in step.after.budgets() {
-            let d = implied.get(&b.scope).copied().unwrap_or_default();
+            let d = implied.get(&*b.scope).copied().unwrap_or_default();
             match step.before.budget(&b.key()) {
                 None => {
                     prop_assert!(
@@ -1448,9 +1453,9 @@ impl Accounts {
                     );
                     prop_assert_eq!((b.spent, b.reserved, b.debt), (0, 0, 0));
                     prop_assert_eq!(b.remaining, b.allocated);
-                    self.allocated.insert(b.scope.clone(), b.allocated);
+                    self.allocated.insert(b.scope.to_string(), b.allocated);
                 }
-                Some(_) if funded.as_ref() == Some(&b.scope) => {}
+                Some(_) if funded.as_deref() == Some(&*b.scope) => {}
                 Some(old) => {
                     let spent_and_debt = |b: &Budget| i128::from(b.spent) + i128::from(b.debt);
                     let actual = Delta {
@@ -1468,7 +1473,7 @@ impl Accounts {
                     prop_assert_eq!(b.allocated, old.allocated);
                 }
             }
-            *self.charged.entry(b.scope.clone()).or_default() += d.charged;
+            *self.charged.entry(b.scope.to_string()).or_default() += d.charged;
         }
         self.check_totals(step.after)
     }
@@ -1477,16 +1482,16 @@ impl Accounts {
     /// budgets never reset are never oversubscribed.
     fn check_totals(&self, state: &State) -> Result<(), TestCaseError> {
         for b in state.budgets() {
-            if !self.funded.contains(&b.scope) {
+            if !self.funded.contains(&*b.scope) {
                 prop_assert_eq!(
                     i128::from(b.spent) + i128::from(b.debt),
-                    self.charged[&b.scope],
+                    self.charged[&*b.scope],
                     "{} spent + debt differs from what outcomes charged",
                     &b.scope
                 );
-                prop_assert_eq!(Some(&b.allocated), self.allocated.get(&b.scope));
+                prop_assert_eq!(Some(&b.allocated), self.allocated.get(&*b.scope));
             }
-            if !self.reset.contains(&b.scope) {
+            if !self.reset.contains(&*b.scope) {
                 prop_assert!(
                     i128::from(b.spent) + i128::from(b.reserved) <= i128::from(b.allocated),
                     "oversubscribed: {:?}",
@@ -1519,11 +1524,11 @@ impl Accounts {
         prop_assert_eq!(Balance::from(new), expected_funding(old, fund));
         prop_assert_eq!(&result.previous, &Balance::from(old));
         prop_assert_eq!(&result.new, &Balance::from(new));
-        self.funded.insert(new.scope.clone());
+        self.funded.insert(new.scope.to_string());
         if matches!(fund.operation, FundingOp::Reset | FundingOp::ResetSpent) {
-            self.reset.insert(new.scope.clone());
+            self.reset.insert(new.scope.to_string());
         }
-        Ok(Some(new.scope.clone()))
+        Ok(Some(new.scope.to_string()))
     }
 }
 
@@ -1567,7 +1572,7 @@ fn implied_changes(step: &Step) -> BTreeMap<String, Delta> {
             .reservation(&old.reservation_id)
             .is_some_and(|r| r.status == ReservationStatus::Expired);
         if old.status == ReservationStatus::Active && expired {
-            add(&old.budgeted_scopes, -old.estimate, 0);
+            add(&texts(&old.budgeted_scopes), -old.estimate, 0);
         }
     }
     let reservation = |id: &str| {
@@ -1596,7 +1601,7 @@ fn implied_changes(step: &Step) -> BTreeMap<String, Delta> {
             }),
         ) => {
             let r = reservation(&c.reservation_id);
-            add(&r.budgeted_scopes, -r.estimate, result.charged);
+            add(&texts(&r.budgeted_scopes), -r.estimate, result.charged);
         }
         (
             Command::Release(c),
@@ -1605,7 +1610,7 @@ fn implied_changes(step: &Step) -> BTreeMap<String, Delta> {
             }),
         ) => {
             let r = reservation(&c.reservation_id);
-            add(&r.budgeted_scopes, -r.estimate, 0);
+            add(&texts(&r.budgeted_scopes), -r.estimate, 0);
         }
         (
             Command::Event(c),

@@ -166,13 +166,13 @@ impl Tx<'_> {
             .budgets
             .range(
                 BudgetKey {
-                    scope: root.clone(),
+                    scope: root.as_str().into(),
                     unit: Unit::ALL[0],
                 }..,
             )
             .map(|(_, b)| b)
             .take_while(|b| b.scope.starts_with(&root))
-            .filter(|b| b.tenant_id == tenant_id && b.status != BudgetStatus::Closed)
+            .filter(|b| &*b.tenant_id == tenant_id && b.status != BudgetStatus::Closed)
             .map(|b| Budget {
                 status: BudgetStatus::Closed,
                 ..(**b).clone()
@@ -307,7 +307,7 @@ impl Tx<'_> {
         self.writable_tenant(&tenant_id)?;
         let scope = canonical_budget_scope(&new.scope, &tenant_id)?;
         let key = BudgetKey {
-            scope: scope.clone(),
+            scope: scope.as_str().into(),
             unit: new.unit,
         };
         if self.state.budgets.contains_key(&key) {
@@ -317,9 +317,9 @@ impl Tx<'_> {
             )));
         }
         let budget = Budget {
-            ledger_id: new.ledger_id,
-            tenant_id,
-            scope,
+            ledger_id: new.ledger_id.into(),
+            tenant_id: tenant_id.into(),
+            scope: scope.into(),
             unit: new.unit,
             allocated: new.allocated,
             remaining: new.allocated,
@@ -333,7 +333,7 @@ impl Tx<'_> {
             rollover_policy: new.rollover_policy.unwrap_or(RolloverPolicy::None),
             period_start_ms: new.period_start_ms,
             period_end_ms: new.period_end_ms,
-            metadata: new.metadata,
+            metadata: new.metadata.map(Into::into),
             created_at_ms: self.now,
             updated_at_ms: self.now,
         };
@@ -351,7 +351,10 @@ impl Tx<'_> {
             None => q.tenant_id.clone(),
         };
         let start = match q.after {
-            Some((scope, unit)) => Bound::Excluded(BudgetKey { scope, unit }),
+            Some((scope, unit)) => Bound::Excluded(BudgetKey {
+                scope: scope.into(),
+                unit,
+            }),
             None => Bound::Unbounded,
         };
         let prefix = q.scope_prefix.map(|p| p.to_lowercase());
@@ -360,7 +363,7 @@ impl Tx<'_> {
             .budgets
             .range((start, Bound::Unbounded))
             .map(|(_, b)| b)
-            .filter(|b| tenant.as_ref().is_none_or(|t| &b.tenant_id == t))
+            .filter(|b| tenant.as_ref().is_none_or(|t| *b.tenant_id == **t))
             .filter(|b| {
                 prefix
                     .as_ref()
@@ -393,7 +396,7 @@ impl Tx<'_> {
         let budget = self
             .state
             .budget(&BudgetKey {
-                scope: scope.clone(),
+                scope: scope.as_str().into(),
                 unit,
             })
             .cloned()
@@ -422,7 +425,7 @@ impl Tx<'_> {
         let tenant_id =
             self.acting_tenant(actor, Permission::BudgetsWrite, cmd.tenant_id.clone())?;
         let budget = self.visible_budget(actor, Permission::BudgetsWrite, &cmd.scope, cmd.unit)?;
-        if budget.tenant_id != tenant_id {
+        if *budget.tenant_id != *tenant_id {
             return Err(Rejection::BudgetNotFound(format!(
                 "{} ({}) for tenant {tenant_id}",
                 budget.scope,
@@ -481,7 +484,9 @@ impl Tx<'_> {
         let mut b = self.visible_budget(actor, Permission::BudgetsWrite, scope, unit)?;
         self.open_tenant(&b.tenant_id)?;
         if b.status == BudgetStatus::Closed {
-            return Err(Rejection::BudgetClosed { scope: b.scope });
+            return Err(Rejection::BudgetClosed {
+                scope: b.scope.to_string(),
+            });
         }
         if let Some(limit) = patch.overdraft_limit {
             b.overdraft_limit = limit;
@@ -491,7 +496,7 @@ impl Tx<'_> {
             b.commit_overage_policy = Some(policy);
         }
         if let Some(metadata) = patch.metadata {
-            b.metadata = Some(metadata);
+            b.metadata = Some(metadata.into());
         }
         self.put_budgets(vec![b.clone()])?;
         Ok(Outcome::Budget(b))
@@ -513,7 +518,9 @@ impl Tx<'_> {
             (BudgetStatus::Frozen, BudgetStatus::Active)
         };
         if b.status == BudgetStatus::Closed {
-            return Err(Rejection::BudgetClosed { scope: b.scope });
+            return Err(Rejection::BudgetClosed {
+                scope: b.scope.to_string(),
+            });
         }
         if b.status != from {
             return Err(Rejection::Conflict(format!(

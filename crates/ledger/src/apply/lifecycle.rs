@@ -60,7 +60,7 @@ impl Tx<'_> {
     /// The budgets a reservation holds on. They cannot disappear (budgets are never deleted),
     /// so a missing one means the state is corrupt.
     fn held_budgets(&self, r: &Reservation) -> Result<Vec<Budget>, Rejection> {
-        let budgets = self.budgets_for(&r.budgeted_scopes, r.unit);
+        let budgets = self.budgets_for(r.budgeted_scopes.iter().cloned(), r.unit);
         if budgets.len() != r.budgeted_scopes.len() {
             return Err(Rejection::Internal(format!(
                 "reservation {} holds on a budget that does not exist",

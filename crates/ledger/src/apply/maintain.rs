@@ -64,7 +64,7 @@ impl Tx<'_> {
             .iter()
             .rev()
             .map(|e| match e {
-                Effect::PutBudget(b) => seen.insert((b.scope.as_str(), b.unit)),
+                Effect::PutBudget(b) => seen.insert((&*b.scope, b.unit)),
                 _ => true,
             })
             .collect();

@@ -177,17 +177,15 @@ impl Tx<'_> {
     }
 
     /// The budgets of `scopes` in `unit`, in the given order, skipping scopes without one.
-    pub(crate) fn budgets_for(&self, scopes: &[String], unit: crate::Unit) -> Vec<Budget> {
+    /// The copies share the budgets' text (scopes, ids), so a copy allocates nothing.
+    pub(crate) fn budgets_for(
+        &self,
+        scopes: impl IntoIterator<Item = Arc<str>>,
+        unit: crate::Unit,
+    ) -> Vec<Budget> {
         scopes
-            .iter()
-            .filter_map(|scope| {
-                self.state
-                    .budget(&BudgetKey {
-                        scope: scope.clone(),
-                        unit,
-                    })
-                    .cloned()
-            })
+            .into_iter()
+            .filter_map(|scope| self.state.budget(&BudgetKey { scope, unit }).cloned())
             .collect()
     }
 }

@@ -65,7 +65,7 @@ impl Tx<'_> {
 
     /// The budgets a request in `unit` would touch, or why there are none.
     fn admission_budgets(&self, scopes: &[String], unit: Unit) -> Result<Vec<Budget>, Blocked> {
-        let budgets = self.budgets_for(scopes, unit);
+        let budgets = self.budgets_for(scopes.iter().map(|s| Arc::from(s.as_str())), unit);
         if !budgets.is_empty() {
             return Ok(budgets);
         }
@@ -74,7 +74,7 @@ impl Tx<'_> {
                 .into_iter()
                 .filter(|u| {
                     self.state.budgets.contains_key(&BudgetKey {
-                        scope: scope.clone(),
+                        scope: scope.as_str().into(),
                         unit: *u,
                     })
                 })
@@ -421,9 +421,12 @@ impl Tx<'_> {
         let root = format!("tenant:{}", caller.tenant_id);
         let segments: Vec<String> = q.filters.iter().map(|(l, v)| format!("{l}:{v}")).collect();
         let start = match q.after {
-            Some((scope, unit)) => Bound::Excluded(BudgetKey { scope, unit }),
+            Some((scope, unit)) => Bound::Excluded(BudgetKey {
+                scope: scope.into(),
+                unit,
+            }),
             None => Bound::Included(BudgetKey {
-                scope: root.clone(),
+                scope: root.as_str().into(),
                 unit: Unit::ALL[0],
             }),
         };
