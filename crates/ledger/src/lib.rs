@@ -35,7 +35,9 @@ pub use listing::{position, Position, SortBy, SortValue};
 pub use outcome::*;
 pub use policy::{pattern_matches, Caps, Policy, PolicyStatus, RateLimits, TtlOverride};
 pub use reservation::{Action, Reservation, ReservationStatus};
-pub use scope::{derive_scopes, has_segment, leaf_segment, scope_tenant, Subject, SCOPE_LEVELS};
+pub use scope::{
+    derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
+};
 pub use state::{Effect, SnapshotData, SnapshotSource, State, Violation, TERMINAL_RETENTION_MS};
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
 

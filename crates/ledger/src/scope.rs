@@ -34,10 +34,15 @@ impl Subject {
 
     /// True when at least one standard level is present and non-blank.
     pub fn has_standard_level(&self) -> bool {
-        self.levels()
-            .iter()
-            .any(|(_, v)| v.is_some_and(|v| !v.trim().is_empty()))
+        names_a_level(self.levels().into_iter().map(|(_, v)| v))
     }
+}
+
+/// True when at least one of a subject's level values is present and non-blank.
+pub fn names_a_level<'a>(values: impl IntoIterator<Item = Option<&'a str>>) -> bool {
+    values
+        .into_iter()
+        .any(|v| v.is_some_and(|v| !v.trim().is_empty()))
 }
 
 /// The affected scopes of a subject: cumulative prefixes of `level:value` segments in

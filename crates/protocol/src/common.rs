@@ -97,7 +97,7 @@ impl Amount {
     }
 
     pub fn check(&self, field: &str) -> Result<(), ApiError> {
-        non_negative(&format!("{field}.amount"), self.amount)
+        non_negative(format_args!("{field}.amount"), self.amount)
     }
 }
 
@@ -156,14 +156,26 @@ pub(crate) fn is_scope_value(v: &str) -> bool {
 }
 
 impl Subject {
+    /// The six levels with their values, in canonical order (borrowed: checking a subject
+    /// copies nothing).
+    fn levels(&self) -> impl Iterator<Item = (&'static str, Option<&str>)> {
+        ledger::SCOPE_LEVELS.into_iter().zip([
+            self.tenant.as_deref(),
+            self.workspace.as_deref(),
+            self.app.as_deref(),
+            self.workflow.as_deref(),
+            self.agent.as_deref(),
+            self.toolset.as_deref(),
+        ])
+    }
+
     pub fn check(&self, field: &str) -> Result<(), ApiError> {
-        let d = ledger::Subject::from(self.clone());
-        if !d.has_standard_level() {
+        if !ledger::names_a_level(self.levels().map(|(_, v)| v)) {
             return Err(ApiError::invalid(format!(
                 "{field}: at least one of tenant, workspace, app, workflow, agent, toolset is required"
             )));
         }
-        for (level, value) in d.levels() {
+        for (level, value) in self.levels() {
             if let Some(v) = value {
                 if !is_scope_value(v) {
                     return Err(ApiError::invalid(format!(
@@ -179,8 +191,8 @@ impl Subject {
                 )));
             }
             for (k, v) in dims {
-                max_len(&format!("{field}.dimensions.{k}"), v, 256)?;
-                max_len(&format!("{field}.dimensions (key)"), k, 128)?;
+                max_len(format_args!("{field}.dimensions.{k}"), v, 256)?;
+                max_len(format_args!("{field}.dimensions (key)"), k, 128)?;
             }
         }
         Ok(())
@@ -232,14 +244,14 @@ pub struct Action {
 
 impl Action {
     pub fn check(&self, field: &str) -> Result<(), ApiError> {
-        max_len(&format!("{field}.kind"), &self.kind, 64)?;
-        max_len(&format!("{field}.name"), &self.name, 256)?;
+        max_len(format_args!("{field}.kind"), &self.kind, 64)?;
+        max_len(format_args!("{field}.name"), &self.name, 256)?;
         if let Some(tags) = &self.tags {
             if tags.len() > 10 {
                 return Err(ApiError::invalid(format!("{field}.tags: at most 10 items")));
             }
             for t in tags {
-                max_len(&format!("{field}.tags[]"), t, 64)?;
+                max_len(format_args!("{field}.tags[]"), t, 64)?;
             }
         }
         Ok(())
@@ -296,11 +308,11 @@ impl StandardMetrics {
             ("latency_ms", self.latency_ms),
         ] {
             if let Some(v) = v {
-                non_negative(&format!("{field}.{name}"), v)?;
+                non_negative(format_args!("{field}.{name}"), v)?;
             }
         }
         if let Some(m) = &self.model_version {
-            max_len(&format!("{field}.model_version"), m, 128)?;
+            max_len(format_args!("{field}.model_version"), m, 128)?;
         }
         Ok(())
     }

@@ -1,4 +1,8 @@
-//! Parsing and validation: every failure names the field.
+//! Parsing and validation: every failure names the field. Field names are taken as
+//! `Display` (a `format_args!` path is formatted only when a check fails, so a valid request
+//! allocates nothing for its checks).
+
+use std::fmt::Display;
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -98,7 +102,7 @@ fn reject_nulls(value: &Value, path: &str) -> Result<(), ApiError> {
     }
 }
 
-pub(crate) fn max_len(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+pub(crate) fn max_len(field: impl Display, value: &str, max: usize) -> Result<(), ApiError> {
     if value.chars().count() > max {
         return Err(ApiError::invalid(format!(
             "{field}: must be at most {max} characters"
@@ -108,7 +112,7 @@ pub(crate) fn max_len(field: &str, value: &str, max: usize) -> Result<(), ApiErr
 }
 
 pub(crate) fn len_between(
-    field: &str,
+    field: impl Display,
     value: &str,
     min: usize,
     max: usize,
@@ -122,7 +126,7 @@ pub(crate) fn len_between(
     Ok(())
 }
 
-pub(crate) fn range(field: &str, value: i64, min: i64, max: i64) -> Result<(), ApiError> {
+pub(crate) fn range(field: impl Display, value: i64, min: i64, max: i64) -> Result<(), ApiError> {
     if value < min || value > max {
         return Err(ApiError::invalid(format!(
             "{field}: must be between {min} and {max}, got {value}"
@@ -131,7 +135,7 @@ pub(crate) fn range(field: &str, value: i64, min: i64, max: i64) -> Result<(), A
     Ok(())
 }
 
-pub(crate) fn non_negative(field: &str, value: i64) -> Result<(), ApiError> {
+pub(crate) fn non_negative(field: impl Display, value: i64) -> Result<(), ApiError> {
     if value < 0 {
         return Err(ApiError::invalid(format!(
             "{field}: must be >= 0, got {value}"
@@ -141,6 +145,6 @@ pub(crate) fn non_negative(field: &str, value: i64) -> Result<(), ApiError> {
 }
 
 /// Idempotency keys: 1–256 characters.
-pub(crate) fn idempotency_key(field: &str, key: &str) -> Result<(), ApiError> {
+pub(crate) fn idempotency_key(field: impl Display, key: &str) -> Result<(), ApiError> {
     len_between(field, key, 1, 256)
 }
