@@ -2,6 +2,7 @@
 //! from outside, so applying a command is deterministic.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::{
     budget::FundingOp, ExpiryPolicy, Millis, OveragePolicy, Permission, Subject, TenantStatus, Unit,
@@ -30,7 +31,8 @@ pub enum Principal {
 /// Fields shared by every idempotent request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Idempotency {
-    pub key: String,
+    /// Shared with the idempotency record and, for a reserve, the reservation.
+    pub key: Arc<str>,
     /// SHA-256 of the request's canonical JSON.
     pub fingerprint: [u8; 32],
 }

@@ -28,7 +28,7 @@ pub enum Endpoint {
 pub struct IdemKey {
     pub tenant_id: Arc<str>,
     pub endpoint: Endpoint,
-    pub key: String,
+    pub key: Arc<str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,7 +208,7 @@ mod tests {
     fn order(table: &IdemTable) -> Vec<(Arrival, String, Millis)> {
         table
             .entries()
-            .map(|(a, e)| (a, e.key.key.clone(), e.record.expires_at_ms))
+            .map(|(a, e)| (a, e.key.key.to_string(), e.record.expires_at_ms))
             .collect()
     }
 
@@ -245,7 +245,7 @@ mod tests {
         assert!(table.remove(&key("t", "a")).is_none());
         assert!(table.get(&key("t", "a")).is_none());
         assert!(table.key_at(0).is_none());
-        assert_eq!(table.key_at(1).unwrap().key, "b");
+        assert_eq!(&*table.key_at(1).unwrap().key, "b");
         // A key put again after removal is a new arrival.
         assert_eq!(table.put(&key("t", "a"), &record(3)), (2, None));
         assert!(table.is_consistent());
@@ -264,7 +264,7 @@ mod tests {
             .collect();
         let rebuilt = IdemTable::from_records(records);
         let names = |t: &IdemTable| -> Vec<String> {
-            t.entries().map(|(_, e)| e.key.key.clone()).collect()
+            t.entries().map(|(_, e)| e.key.key.to_string()).collect()
         };
         assert_eq!(names(&rebuilt), ["y", "z"]);
         assert_eq!(rebuilt.get(&key("t", "z")).unwrap().expires_at_ms, 2);

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Millis, OveragePolicy, Subject, Unit};
 
 /// What the agent is about to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Action {
     pub kind: String,
     pub name: String,
@@ -50,8 +50,11 @@ pub struct Reservation {
     pub reservation_id: Arc<str>,
     /// The tenant the reservation is bound to (the caller's effective tenant at creation).
     pub tenant_id: Arc<str>,
-    pub subject: Subject,
-    pub action: Action,
+    // What never changes after the reserve is behind `Arc` (serialized as before): a
+    // commit, release or extension copies the reservation to change it, and the copy then
+    // shares these instead of copying their strings.
+    pub subject: Arc<Subject>,
+    pub action: Arc<Action>,
     pub unit: Unit,
     pub estimate: i64,
     /// Shared with the reserve's stored result (one allocation, not two copies).
@@ -60,14 +63,15 @@ pub struct Reservation {
     pub affected_scopes: Arc<[String]>,
     /// The scopes that had a budget in `unit` at reserve time; settlement touches only these.
     /// Shared with the budgets' scopes.
-    pub budgeted_scopes: Vec<Arc<str>>,
+    pub budgeted_scopes: Arc<[Arc<str>]>,
     pub created_at_ms: Millis,
     pub expires_at_ms: Millis,
     pub grace_period_ms: i64,
     pub overage_policy: OveragePolicy,
     /// Opaque JSON object text.
-    pub metadata: Option<String>,
-    pub idempotency_key: String,
+    pub metadata: Option<Arc<str>>,
+    /// Shared with the reserve's idempotency record.
+    pub idempotency_key: Arc<str>,
     pub extension_count: u32,
     pub max_extensions: u32,
     pub status: ReservationStatus,

@@ -469,7 +469,7 @@ impl State {
             if r.status != ReservationStatus::Active {
                 continue;
             }
-            for scope in &r.budgeted_scopes {
+            for scope in r.budgeted_scopes.iter() {
                 let key = BudgetKey {
                     scope: scope.clone(),
                     unit: r.unit,

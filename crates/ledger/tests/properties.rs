@@ -434,7 +434,7 @@ fn subject(index: usize) -> Subject {
 
 fn idem(key: String) -> Idempotency {
     Idempotency {
-        key,
+        key: key.into(),
         fingerprint: [0; 32],
     }
 }
@@ -579,7 +579,7 @@ fn sealed(mut command: Command) -> Command {
         _ => {}
     }
     if let Some(idem) = idem_mut(&mut payload) {
-        idem.key.clear();
+        idem.key = "".into();
         idem.fingerprint = [0; 32];
     }
     let fingerprint = digest_of(&format!("{payload:?}"));
@@ -1737,7 +1737,7 @@ impl Replays {
         let Some((ns, idem)) = namespace(step.command) else {
             return Ok(());
         };
-        let slot = (ns, idem.key.clone());
+        let slot = (ns, idem.key.to_string());
         let prior = self.records.get(&slot);
         // A record is certainly still live within the minimum retention.
         let live = prior.filter(|p| step.now < p.at + MIN_IDEMPOTENCY_RETENTION);

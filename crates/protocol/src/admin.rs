@@ -415,7 +415,7 @@ impl ApiKeyResponse {
         ApiKeyResponse {
             status: key.effective_status(now_ms).as_str(),
             permissions: permission_names(&key.permissions),
-            metadata: metadata_raw(&key.metadata),
+            metadata: metadata_raw(key.metadata.as_deref()),
             key_id: key.key_id,
             tenant_id: key.tenant_id.to_string(),
             key_prefix: key.key_prefix,
@@ -627,7 +627,7 @@ impl BudgetFundingRequest {
         }
         // The key covers the target budget too: the same key on another budget is a mismatch.
         let idem = self.idempotency_key.as_ref().map(|key| Idempotency {
-            key: key.clone(),
+            key: key.as_str().into(),
             fingerprint: fingerprint(&(&scope, unit.as_str(), &self)),
         });
         Ok(ledger::FundCmd {

@@ -111,9 +111,8 @@ pub fn metadata_text(m: &Option<Metadata>) -> Option<String> {
 }
 
 /// Renders stored opaque text back as the same JSON object.
-pub fn metadata_raw(text: &Option<String>) -> Option<Box<RawValue>> {
-    text.as_ref()
-        .and_then(|t| RawValue::from_string(t.clone()).ok())
+pub fn metadata_raw(text: Option<&str>) -> Option<Box<RawValue>> {
+    text.and_then(|t| RawValue::from_string(t.to_string()).ok())
 }
 
 /// `Subject`.

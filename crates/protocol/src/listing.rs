@@ -187,7 +187,8 @@ pub struct ReservationSummary {
     pub scope_path: Arc<str>,
     #[schema(value_type = Vec<String>)]
     pub affected_scopes: Arc<[String]>,
-    pub idempotency_key: String,
+    #[schema(value_type = String)]
+    pub idempotency_key: Arc<str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finalized_at_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -207,8 +208,8 @@ impl ReservationSummary {
         ReservationSummary {
             reservation_id: r.reservation_id.clone(),
             status: r.status.as_str(),
-            subject: Subject::from(&r.subject),
-            action: Action::from(&r.action),
+            subject: Subject::from(&*r.subject),
+            action: Action::from(&*r.action),
             reserved: Amount::new(r.unit, r.estimate),
             created_at_ms: r.created_at_ms,
             expires_at_ms: r.expires_at_ms,
@@ -218,12 +219,12 @@ impl ReservationSummary {
             finalized_at_ms: r.finalized_at_ms,
             committed: r.charged.map(|c| Amount::new(r.unit, c)),
             metadata: if include.metadata {
-                metadata_raw(&r.metadata)
+                metadata_raw(r.metadata.as_deref())
             } else {
                 None
             },
             committed_metadata: if include.committed_metadata {
-                metadata_raw(&r.committed_metadata)
+                metadata_raw(r.committed_metadata.as_deref())
             } else {
                 None
             },

@@ -29,7 +29,7 @@ pub fn check_header_key(header: Option<&str>, body_key: &str) -> Result<(), ApiE
 
 fn idem<T: Serialize>(request: &T, key: &str) -> Idempotency {
     Idempotency {
-        key: key.to_string(),
+        key: key.into(),
         fingerprint: fingerprint(request),
     }
 }

@@ -45,7 +45,10 @@ fn idem(key: String) -> Idempotency {
     for (slot, byte) in fingerprint.iter_mut().zip(key.bytes()) {
         *slot = byte;
     }
-    Idempotency { key, fingerprint }
+    Idempotency {
+        key: key.into(),
+        fingerprint,
+    }
 }
 
 fn tenant(id: &str) -> Command {

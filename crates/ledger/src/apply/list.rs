@@ -109,13 +109,13 @@ impl Tx<'_> {
         let record = self.state.idempotency.get(&IdemKey {
             tenant_id: Arc::from(tenant),
             endpoint: Endpoint::Reserve,
-            key: key.to_string(),
+            key: Arc::from(key),
         })?;
         let StoredOutcome::Reserve(result) = &record.outcome else {
             return None;
         };
         self.state
             .reservation(result.reservation_id.as_ref()?)
-            .filter(|r| &*r.tenant_id == tenant && r.idempotency_key == key)
+            .filter(|r| &*r.tenant_id == tenant && &*r.idempotency_key == key)
     }
 }

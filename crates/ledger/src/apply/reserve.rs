@@ -125,7 +125,7 @@ impl Tx<'_> {
         }
     }
 
-    pub(crate) fn reserve(&mut self, cmd: ReserveCmd) -> Result<Outcome, Rejection> {
+    pub(crate) fn reserve(&mut self, mut cmd: ReserveCmd) -> Result<Outcome, Rejection> {
         let caller = self.tenant_caller(&cmd.actor, Permission::ReservationsCreate)?;
         self.check_subject_tenant(&cmd.subject, &caller.tenant_id)?;
         let scopes: Arc<[String]> = derive_scopes(&cmd.subject).into();
@@ -175,7 +175,7 @@ impl Tx<'_> {
                     caps,
                 }
             }
-            Ok(budgets) => self.hold(&caller.tenant_id, &cmd, scope_path, scopes, budgets)?,
+            Ok(budgets) => self.hold(&caller.tenant_id, &mut cmd, scope_path, scopes, budgets)?,
         };
         let retention = match &result.expires_at_ms {
             Some(expires) => (expires - self.now + cmd.grace_period_ms).max(DAY_MS),
@@ -218,7 +218,8 @@ impl Tx<'_> {
     fn hold(
         &mut self,
         tenant_id: &Arc<str>,
-        cmd: &ReserveCmd,
+        // Its subject, action and metadata move into the reservation.
+        cmd: &mut ReserveCmd,
         scope_path: Arc<str>,
         scopes: Arc<[String]>,
         mut budgets: Vec<Budget>,
@@ -251,8 +252,8 @@ impl Tx<'_> {
         let reservation = Reservation {
             reservation_id: Arc::from(cmd.reservation_id.as_str()),
             tenant_id: tenant_id.clone(),
-            subject: cmd.subject.clone(),
-            action: cmd.action.clone(),
+            subject: Arc::new(std::mem::take(&mut cmd.subject)),
+            action: Arc::new(std::mem::take(&mut cmd.action)),
             unit: cmd.unit,
             estimate: cmd.estimate,
             scope_path,
@@ -262,7 +263,7 @@ impl Tx<'_> {
             expires_at_ms: self.now.saturating_add(ttl),
             grace_period_ms: cmd.grace_period_ms,
             overage_policy: policy,
-            metadata: cmd.metadata.clone(),
+            metadata: cmd.metadata.take().map(Arc::from),
             idempotency_key: cmd.idem.key.clone(),
             extension_count: 0,
             max_extensions,
