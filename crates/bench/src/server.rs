@@ -1,6 +1,7 @@
 //! What the suite reads about the server itself: its `/metrics` counters and, when it runs
 //! on this machine, its process in `/proc`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The value of an unlabelled Prometheus sample `name` in `text`.
@@ -43,12 +44,22 @@ pub fn run_deltas(
 }
 
 /// The server counters the suite reads around a measured block.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counters {
     pub allocations: Option<f64>,
     pub syncs: Option<f64>,
     pub batches: Option<f64>,
-    /// CPU time of a local server's threads, in microseconds (see [`cpu_us`]).
+    /// The CPU clocks of a local server (see [`CpuClock`]).
+    pub cpu: Option<CpuClock>,
+}
+
+/// What a measured block cost the server, per operation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PerOp {
+    pub allocations: Option<f64>,
+    pub syncs: Option<f64>,
+    pub batches: Option<f64>,
+    /// Server CPU time in microseconds.
     pub cpu_us: Option<f64>,
 }
 
@@ -59,40 +70,87 @@ impl Counters {
             allocations: get(ALLOCATIONS),
             syncs: get(SYNCS),
             batches: get(BATCHES),
-            cpu_us: None,
+            cpu: None,
         }
     }
 
     /// `(self − before − overhead) / ops` per counter (`overhead`: what reading the
-    /// counters twice costs by itself, measured).
-    pub fn per_op(&self, before: &Counters, overhead: &Counters, ops: usize) -> Counters {
-        let per = |after: Option<f64>, before: Option<f64>, extra: Option<f64>| {
-            let delta = after? - before? - extra.unwrap_or(0.0);
+    /// counters twice costs by itself, measured, as the cost of one operation).
+    pub fn per_op(&self, before: &Counters, overhead: &PerOp, ops: usize) -> PerOp {
+        let per = |delta: Option<f64>, extra: Option<f64>| {
+            let delta = delta? - extra.unwrap_or(0.0);
             (ops > 0).then(|| delta.max(0.0) / ops as f64)
         };
-        Counters {
-            allocations: per(self.allocations, before.allocations, overhead.allocations),
-            syncs: per(self.syncs, before.syncs, overhead.syncs),
-            batches: per(self.batches, before.batches, overhead.batches),
-            cpu_us: per(self.cpu_us, before.cpu_us, overhead.cpu_us),
+        let diff = |after: Option<f64>, before: Option<f64>| Some(after? - before?);
+        let cpu = match (&self.cpu, &before.cpu) {
+            (Some(after), Some(before)) => Some(after.us_since(before)),
+            _ => None,
+        };
+        PerOp {
+            allocations: per(
+                diff(self.allocations, before.allocations),
+                overhead.allocations,
+            ),
+            syncs: per(diff(self.syncs, before.syncs), overhead.syncs),
+            batches: per(diff(self.batches, before.batches), overhead.batches),
+            cpu_us: per(cpu, overhead.cpu_us),
         }
     }
 }
 
-/// CPU time a local process's live threads have used, in microseconds: the sum of each
-/// thread's scheduler run time (`/proc/<pid>/task/*/schedstat`, nanoseconds — the tick
-/// counts of `/proc/<pid>/stat` are too coarse for a 200-request block). A thread that ended
-/// in between (a finished snapshot) drops out of the sum, so a block that spans one reads
-/// low; the figure is for comparing builds, not an exact bill.
-pub fn cpu_us(pid: u32) -> Option<f64> {
-    let mut total_ns: u64 = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
-            continue;
-        };
-        total_ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+/// A local process's CPU clocks at one instant: each live thread's scheduler run time
+/// (`/proc/<pid>/task/<tid>/schedstat`, nanoseconds; the tick counts of `/proc/<pid>/stat`
+/// are too coarse for a 200-request block) and the process's tick count, which keeps the
+/// time of threads that have ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CpuClock {
+    threads: BTreeMap<u64, u64>,
+    ticks: u64,
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl CpuClock {
+    pub fn read(pid: u32) -> Option<CpuClock> {
+        let mut threads = BTreeMap::new();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+            let task = task.ok()?;
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            // A thread that ends while the directory is read is skipped.
+            let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+                continue;
+            };
+            threads.insert(tid, stat.split_whitespace().next()?.parse().ok()?);
+        }
+        Some(CpuClock {
+            threads,
+            ticks: cpu_ticks(pid)?,
+        })
     }
-    Some(total_ns as f64 / 1e3)
+
+    /// Microseconds of CPU used since `earlier`: the exact sum of the threads' run times when
+    /// every thread of `earlier` is still alive. When one ended in between (a finished
+    /// snapshot writer, say), its run time left with it and the sum would read low, so the
+    /// process's tick count is used instead (10 ms resolution, the ended thread included).
+    pub fn us_since(&self, earlier: &CpuClock) -> f64 {
+        let all_alive = earlier
+            .threads
+            .keys()
+            .all(|tid| self.threads.contains_key(tid));
+        if all_alive {
+            let ns: u64 = self
+                .threads
+                .iter()
+                .map(|(tid, ns)| ns.saturating_sub(earlier.threads.get(tid).copied().unwrap_or(0)))
+                .sum();
+            ns as f64 / 1e3
+        } else {
+            self.ticks.saturating_sub(earlier.ticks) as f64 * 1e6 / TICKS_PER_SECOND
+        }
+    }
 }
 
 /// Peak resident memory (`VmHWM`) of a local process, in bytes.
@@ -161,22 +219,26 @@ mod tests {
 
     #[test]
     fn per_op_subtracts_the_reading_overhead() {
+        let clock = |ns: u64| CpuClock {
+            threads: BTreeMap::from([(1, ns)]),
+            ticks: 0,
+        };
         let before = Counters {
             allocations: Some(1000.0),
             syncs: Some(10.0),
             batches: None,
-            cpu_us: Some(500.0),
+            cpu: Some(clock(500_000)),
         };
         let after = Counters {
             allocations: Some(3050.0),
             syncs: Some(210.0),
             batches: Some(5.0),
-            cpu_us: Some(10_500.0),
+            cpu: Some(clock(10_500_000)),
         };
-        let overhead = Counters {
+        let overhead = PerOp {
             allocations: Some(50.0),
             cpu_us: Some(2_000.0),
-            ..Counters::default()
+            ..PerOp::default()
         };
         let p = after.per_op(&before, &overhead, 200);
         assert_eq!(p.allocations, Some(10.0));
@@ -191,8 +253,30 @@ mod tests {
         assert!(peak_rss(pid).unwrap() > 0);
         assert!(cpu_ticks(pid).is_some());
         let spin = std::time::Instant::now();
-        let before = cpu_us(pid).unwrap();
+        let before = CpuClock::read(pid).unwrap();
         while spin.elapsed() < Duration::from_millis(20) {}
-        assert!(cpu_us(pid).unwrap() > before, "spinning used CPU");
+        let used = CpuClock::read(pid).unwrap().us_since(&before);
+        assert!(used > 0.0, "spinning used CPU");
+    }
+
+    #[test]
+    fn cpu_of_an_ended_thread_is_kept_by_the_tick_count() {
+        let before = CpuClock {
+            threads: BTreeMap::from([(1, 5_000_000), (2, 9_000_000)]),
+            ticks: 10,
+        };
+        // Both threads alive: the exact sum of their run times.
+        let later = CpuClock {
+            threads: BTreeMap::from([(1, 6_000_000), (2, 9_500_000), (3, 250_000)]),
+            ticks: 11,
+        };
+        assert_eq!(later.us_since(&before), 1_750.0);
+        // Thread 2 ended (it ran 40 ms more first): the live threads' sum would say 1 ms,
+        // the process's ticks say 50 ms.
+        let after_exit = CpuClock {
+            threads: BTreeMap::from([(1, 6_000_000)]),
+            ticks: 15,
+        };
+        assert_eq!(after_exit.us_since(&before), 50_000.0);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::server::Counters;
+use crate::server::PerOp;
 
 /// The reference's percentile: element `min(ceil(p/100 × N) − 1, N − 1)` of the sorted
 /// timings. With N = 200, p50 is element 99, p95 element 189, p99 element 197.
@@ -101,7 +101,7 @@ impl Sample {
     }
 
     /// The server's counters per measured operation.
-    pub fn set_server(&mut self, per_op: &Counters) {
+    pub fn set_server(&mut self, per_op: &PerOp) {
         self.allocations_per_op = per_op.allocations;
         self.syncs_per_op = per_op.syncs;
         self.batches_per_op = per_op.batches;

@@ -20,7 +20,7 @@ use crate::report::{
     CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo, FSYNC_FLOOR,
     HTTP_FLOOR, REDIS_FLOOR, SCHEMA,
 };
-use crate::server::{self, Counters};
+use crate::server::{self, Counters, CpuClock, PerOp};
 use crate::stats::Sample;
 use crate::text;
 
@@ -52,7 +52,7 @@ pub struct Suite {
     run_id: String,
     floors: Collector,
     cases: Collector,
-    overhead: Counters,
+    overhead: PerOp,
     durability: Option<String>,
     engine: String,
     fixtures: Vec<Fixture>,
@@ -97,7 +97,7 @@ impl Suite {
             run_id,
             floors: Collector::default(),
             cases: Collector::default(),
-            overhead: Counters::default(),
+            overhead: PerOp::default(),
             engine: "unknown".into(),
             fixtures: Vec::new(),
             lists: Vec::new(),
@@ -208,7 +208,7 @@ impl Suite {
     async fn counters(&mut self) -> Counters {
         let text = self.admin.metrics().await.ok().flatten();
         Counters {
-            cpu_us: self.cfg.server_pid.and_then(server::cpu_us),
+            cpu: self.cfg.server_pid.and_then(CpuClock::read),
             ..Counters::parse(text.as_deref())
         }
     }
@@ -216,12 +216,11 @@ impl Suite {
     /// What reading the counters costs by itself (two reads back to back; the cheapest of
     /// three pairs), subtracted from every per-operation figure.
     async fn calibrate(&mut self) {
-        let mut best: Option<Counters> = None;
+        let mut best: Option<PerOp> = None;
         for _ in 0..3 {
             let a = self.counters().await;
             let b = self.counters().await;
-            let zero = Counters::default();
-            let d = b.per_op(&a, &zero, 1);
+            let d = b.per_op(&a, &PerOp::default(), 1);
             if best.is_none_or(|x| d.allocations < x.allocations) {
                 best = Some(d);
             }
@@ -306,7 +305,7 @@ impl Suite {
         &mut self,
         name: &str,
         op: &mut impl AsyncFnMut(usize) -> anyhow::Result<()>,
-    ) -> (Timed, Counters) {
+    ) -> (Timed, PerOp) {
         let (w, n) = (self.cfg.method.warmup, self.cfg.method.iterations);
         let phase = self.progress.phase(name, (w + n) as u64);
         let warm = measure::sequential(0..w, &phase, op).await;
@@ -528,7 +527,7 @@ impl Suite {
         name: &str,
         clients: Vec<Runtime>,
         op: LoadOp,
-    ) -> (measure::Load, Counters) {
+    ) -> (measure::Load, PerOp) {
         let window = self.window();
         let phase = self.progress.phase(name, (window.as_millis() / 100) as u64);
         let ticker = tick(phase.clone());
