@@ -43,12 +43,19 @@ pub fn run_deltas(
         .collect()
 }
 
-/// The server counters the suite reads around a measured block.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Counters {
+/// The `/metrics` counters the suite follows: totals in a [`Counters`] reading, per
+/// operation in a [`PerOp`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Metered {
     pub allocations: Option<f64>,
     pub syncs: Option<f64>,
     pub batches: Option<f64>,
+}
+
+/// What the suite reads about the server around a measured block.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    pub metered: Metered,
     /// The CPU clocks of a local server (see [`CpuClock`]).
     pub cpu: Option<CpuClock>,
 }
@@ -56,9 +63,7 @@ pub struct Counters {
 /// What a measured block cost the server, per operation.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PerOp {
-    pub allocations: Option<f64>,
-    pub syncs: Option<f64>,
-    pub batches: Option<f64>,
+    pub metered: Metered,
     /// Server CPU time in microseconds.
     pub cpu_us: Option<f64>,
 }
@@ -67,9 +72,11 @@ impl Counters {
     pub fn parse(text: Option<&str>) -> Counters {
         let get = |name| text.and_then(|t| metric(t, name));
         Counters {
-            allocations: get(ALLOCATIONS),
-            syncs: get(SYNCS),
-            batches: get(BATCHES),
+            metered: Metered {
+                allocations: get(ALLOCATIONS),
+                syncs: get(SYNCS),
+                batches: get(BATCHES),
+            },
             cpu: None,
         }
     }
@@ -81,18 +88,20 @@ impl Counters {
             let delta = delta? - extra.unwrap_or(0.0);
             (ops > 0).then(|| delta.max(0.0) / ops as f64)
         };
-        let diff = |after: Option<f64>, before: Option<f64>| Some(after? - before?);
+        let counter = |field: fn(&Metered) -> Option<f64>| {
+            let delta = Some(field(&self.metered)? - field(&before.metered)?);
+            per(delta, field(&overhead.metered))
+        };
         let cpu = match (&self.cpu, &before.cpu) {
             (Some(after), Some(before)) => Some(after.us_since(before)),
             _ => None,
         };
         PerOp {
-            allocations: per(
-                diff(self.allocations, before.allocations),
-                overhead.allocations,
-            ),
-            syncs: per(diff(self.syncs, before.syncs), overhead.syncs),
-            batches: per(diff(self.batches, before.batches), overhead.batches),
+            metered: Metered {
+                allocations: counter(|m| m.allocations),
+                syncs: counter(|m| m.syncs),
+                batches: counter(|m| m.batches),
+            },
             cpu_us: per(cpu, overhead.cpu_us),
         }
     }
@@ -224,27 +233,33 @@ mod tests {
             ticks: 0,
         };
         let before = Counters {
-            allocations: Some(1000.0),
-            syncs: Some(10.0),
-            batches: None,
+            metered: Metered {
+                allocations: Some(1000.0),
+                syncs: Some(10.0),
+                batches: None,
+            },
             cpu: Some(clock(500_000)),
         };
         let after = Counters {
-            allocations: Some(3050.0),
-            syncs: Some(210.0),
-            batches: Some(5.0),
+            metered: Metered {
+                allocations: Some(3050.0),
+                syncs: Some(210.0),
+                batches: Some(5.0),
+            },
             cpu: Some(clock(10_500_000)),
         };
         let overhead = PerOp {
-            allocations: Some(50.0),
+            metered: Metered {
+                allocations: Some(50.0),
+                ..Metered::default()
+            },
             cpu_us: Some(2_000.0),
-            ..PerOp::default()
         };
         let p = after.per_op(&before, &overhead, 200);
-        assert_eq!(p.allocations, Some(10.0));
+        assert_eq!(p.metered.allocations, Some(10.0));
         assert_eq!(p.cpu_us, Some(40.0));
-        assert_eq!(p.syncs, Some(1.0));
-        assert_eq!(p.batches, None);
+        assert_eq!(p.metered.syncs, Some(1.0));
+        assert_eq!(p.metered.batches, None);
     }
 
     #[test]

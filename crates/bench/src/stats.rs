@@ -102,9 +102,9 @@ impl Sample {
 
     /// The server's counters per measured operation.
     pub fn set_server(&mut self, per_op: &PerOp) {
-        self.allocations_per_op = per_op.allocations;
-        self.syncs_per_op = per_op.syncs;
-        self.batches_per_op = per_op.batches;
+        self.allocations_per_op = per_op.metered.allocations;
+        self.syncs_per_op = per_op.metered.syncs;
+        self.batches_per_op = per_op.metered.batches;
         self.server_cpu_us_per_op = per_op.cpu_us;
     }
 

@@ -221,7 +221,7 @@ impl Suite {
             let a = self.counters().await;
             let b = self.counters().await;
             let d = b.per_op(&a, &PerOp::default(), 1);
-            if best.is_none_or(|x| d.allocations < x.allocations) {
+            if best.is_none_or(|x| d.metered.allocations < x.metered.allocations) {
                 best = Some(d);
             }
         }
@@ -328,6 +328,7 @@ impl Suite {
         sample.set_server(&per_op);
         if meta.name == "Reserve" && self.durability.is_none() {
             self.durability = per_op
+                .metered
                 .syncs
                 .map(|s| if s >= 0.5 { "strict" } else { "none" }.to_string());
         }
