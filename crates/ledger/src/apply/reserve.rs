@@ -228,7 +228,6 @@ impl Tx<'_> {
         let tenant = self.existing_tenant(tenant_id)?;
         let governing = self.governing_policy(tenant_id, &scope_path);
         let limits = governing
-            .as_ref()
             .and_then(|p| p.reservation_ttl_override)
             .unwrap_or_default();
         let ttl = cmd
