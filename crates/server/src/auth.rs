@@ -1,6 +1,10 @@
 //! Credentials from headers. The admin key is checked here against configuration; a tenant
 //! key becomes the SHA-256 digest of its secret, which the ledger looks up.
 
+use std::convert::Infallible;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use ledger::Actor;
 use protocol::ApiError;
@@ -10,6 +14,20 @@ use crate::app::App;
 
 pub const API_KEY_HEADER: &str = "x-cycles-api-key";
 pub const ADMIN_KEY_HEADER: &str = "x-admin-api-key";
+
+/// The request's headers, moved out of it. axum's `HeaderMap` extractor clones the map (two
+/// allocations and a reference count per value, on every request); each handler reads the
+/// headers once, before the body, and nothing after the handlers' extractors needs them (the
+/// middleware read theirs before).
+pub struct Headers(pub HeaderMap);
+
+impl<S: Send + Sync> FromRequestParts<S> for Headers {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Headers(std::mem::take(&mut parts.headers)))
+    }
+}
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers

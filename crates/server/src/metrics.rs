@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::app::App;
-use crate::auth;
+use crate::auth::{self, Headers};
 use crate::reply::{Answer, Failure};
 
 #[derive(Default)]
@@ -247,7 +247,7 @@ fn render(app: &App) -> String {
 }
 
 /// `GET /metrics`: the admin key is required unless the operator made it public.
-pub async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Answer {
+pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> Answer {
     if !app.public_metrics() {
         auth::admin(&app, &headers).map_err(Failure::from)?;
     }

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use crate::app::App;
-use crate::auth;
+use crate::auth::{self, Headers};
 use crate::ids;
 use crate::query::Query;
 use crate::reply::{budget_position, json, next_cursor, tenant_json, unexpected, Answer, Failure};
@@ -64,7 +64,7 @@ fn budget_answer(outcome: Outcome, status: StatusCode, tenant: Option<Arc<str>>)
 
 pub async fn create_tenant(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
@@ -80,7 +80,7 @@ pub async fn create_tenant(
 pub async fn get_tenant(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
     let (outcome, _) = app
@@ -98,7 +98,7 @@ pub async fn get_tenant(
 pub async fn update_tenant(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
@@ -114,7 +114,7 @@ pub async fn update_tenant(
 
 pub async fn create_api_key(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
@@ -139,7 +139,7 @@ pub async fn revoke_api_key(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
     let reason = Query::parse(raw.as_deref())
@@ -163,7 +163,7 @@ pub async fn revoke_api_key(
 
 pub async fn create_budget(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
@@ -203,7 +203,7 @@ fn list_query(q: &Query) -> Result<BudgetListQuery, ApiError> {
 pub async fn list_budgets(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
@@ -235,7 +235,7 @@ fn budget_address(q: &Query) -> Result<(String, Unit), ApiError> {
 pub async fn lookup_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
@@ -251,7 +251,7 @@ pub async fn lookup_budget(
 pub async fn fund_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
@@ -279,7 +279,7 @@ pub async fn fund_budget(
 pub async fn update_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
@@ -327,7 +327,7 @@ async fn set_frozen(
 pub async fn freeze_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     set_frozen(&app, raw, &headers, &bytes, true).await
@@ -336,7 +336,7 @@ pub async fn freeze_budget(
 pub async fn unfreeze_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     set_frozen(&app, raw, &headers, &bytes, false).await

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use ledger::{Command, Outcome, PolicyListQuery, PolicyStatus};
 use protocol::policy::{
     PolicyCreateRequest, PolicyListResponse, PolicyResponse, PolicyUpdateRequest,
@@ -12,7 +12,7 @@ use protocol::policy::{
 use protocol::{parse_body, ApiError, Plane, MAX_PAGE_SIZE};
 
 use crate::app::App;
-use crate::auth;
+use crate::auth::{self, Headers};
 use crate::ids;
 use crate::query::Query;
 use crate::reply::{next_cursor, tenant_json, unexpected, Answer};
@@ -26,7 +26,7 @@ fn policy_answer(outcome: Outcome, status: StatusCode, tenant: Option<Arc<str>>)
 
 pub async fn create_policy(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
@@ -60,7 +60,7 @@ fn list_query(q: &Query) -> Result<PolicyListQuery, ApiError> {
 pub async fn list_policies(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
@@ -85,7 +85,7 @@ pub async fn list_policies(
 pub async fn update_policy(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;

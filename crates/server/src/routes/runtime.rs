@@ -21,7 +21,7 @@ use protocol::{
 use serde::de::DeserializeOwned;
 
 use crate::app::App;
-use crate::auth;
+use crate::auth::{self, Headers};
 use crate::ids;
 use crate::query::Query;
 use crate::reply::{
@@ -77,7 +77,7 @@ fn reservation_path(id: &str) -> Result<String, ApiError> {
 
 pub async fn create_reservation(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     body: Bytes,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
@@ -119,7 +119,7 @@ async fn on_reservation<T: DeserializeOwned + Validate + Keyed>(
 pub async fn commit(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     body: Bytes,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
@@ -141,7 +141,7 @@ pub async fn commit(
 pub async fn release(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     body: Bytes,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
@@ -163,7 +163,7 @@ pub async fn release(
 pub async fn extend(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     body: Bytes,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
@@ -188,7 +188,7 @@ pub async fn extend(
     tenant_json(StatusCode::OK, &response, tenant).map(with_date)
 }
 
-pub async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
+pub async fn decide(State(app): State<Arc<App>>, Headers(headers): Headers, body: Bytes) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: DecisionRequest = keyed_body(&app, &actor, &headers, &body).await?;
     let (outcome, tenant) = app
@@ -200,7 +200,11 @@ pub async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes
     tenant_json(StatusCode::OK, &DecisionResponse::from(&*result), tenant)
 }
 
-pub async fn create_event(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
+pub async fn create_event(
+    State(app): State<Arc<App>>,
+    Headers(headers): Headers,
+    body: Bytes,
+) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: EventCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;
     let command = request.into_command(actor, ids::event_id());
@@ -218,7 +222,7 @@ pub async fn create_event(State(app): State<Arc<App>>, headers: HeaderMap, body:
 pub async fn get_reservation(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let id = app
@@ -260,7 +264,7 @@ fn balance_query(actor: Actor, q: &Query) -> Result<BalanceQuery, ApiError> {
 pub async fn balances(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
     let q = Query::parse(raw.as_deref());
@@ -283,7 +287,7 @@ pub async fn balances(
 pub async fn list_reservations(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
