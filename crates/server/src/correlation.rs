@@ -7,9 +7,7 @@
 //! wrong method, oversized body) into the same shape.
 
 use axum::body::Body;
-use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::Response;
 use protocol::{ApiError, ErrorBody, MAX_BODY_BYTES};
 
@@ -27,18 +25,20 @@ pub struct Correlation {
     pub trace_id: HeaderValue,
 }
 
-pub async fn layer(request: Request, next: Next) -> Response {
-    let correlation = Correlation {
-        request_id: ids::request_id(),
-        trace_id: inbound_trace_id(request.headers())
-            .and_then(|id| HeaderValue::from_str(id).ok())
-            .unwrap_or_else(ids::trace_id),
-    };
-    let response = next.run(request).await;
-    finish(response, correlation)
+impl Correlation {
+    /// A fresh request id, and the inbound trace id or a fresh one.
+    pub fn of(headers: &HeaderMap) -> Self {
+        Correlation {
+            request_id: ids::request_id(),
+            trace_id: inbound_trace_id(headers)
+                .and_then(|id| HeaderValue::from_str(id).ok())
+                .unwrap_or_else(ids::trace_id),
+        }
+    }
 }
 
-fn finish(mut response: Response, c: Correlation) -> Response {
+/// Writes the error body of an error response and adds both ids to every response.
+pub fn finish(mut response: Response, c: Correlation) -> Response {
     let status = response.status();
     let error = response.extensions_mut().remove::<ApiError>().or_else(|| {
         (status.is_client_error() || status.is_server_error()).then(|| framework_error(status))
