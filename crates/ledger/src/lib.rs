@@ -4,7 +4,8 @@
 //! the [`Command`]s, and [`apply`] is deterministic — the same [`State`] and command always
 //! give the same [`Applied`] result, bit for bit. Every change to the state is expressed as a
 //! list of [`Effect`]s, and [`State::apply_effect`] is the only code that mutates it, both live
-//! and when a journal is replayed.
+//! and when a journal is replayed. (The one exception is not state: the reserve's caches of
+//! recent subjects and actions, which only decide which reservations share an allocation.)
 
 mod amount;
 mod apikey;
@@ -13,6 +14,7 @@ mod budget;
 mod command;
 mod error;
 mod idempotency;
+mod intern;
 mod listing;
 mod outcome;
 mod policy;

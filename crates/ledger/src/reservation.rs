@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Millis, OveragePolicy, Subject, Unit};
 
 /// What the agent is about to do.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Action {
     pub kind: String,
     pub name: String,

@@ -7,7 +7,7 @@ pub const SCOPE_LEVELS: [&str; 6] = ["tenant", "workspace", "app", "workflow", "
 
 /// Who is spending: up to six hierarchical levels plus opaque dimensions.
 /// Values are kept as the client sent them (they round-trip); scopes use them lower-cased.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Subject {
     pub tenant: Option<String>,
     pub workspace: Option<String>,

@@ -8,10 +8,11 @@ use imbl::{HashMap as ImHashMap, OrdMap};
 use serde::{Deserialize, Serialize};
 
 use crate::idempotency::{Arrival, IdemEntry, IdemTable};
+use crate::intern::{share_loaded, Placement, Recent};
 use crate::listing::ListIndex;
 use crate::{
-    ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy, Reservation, ReservationStatus,
-    Tenant,
+    Action, ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy, Reservation,
+    ReservationStatus, Tenant,
 };
 
 /// How long a settled or expired reservation stays readable (and its commit/release
@@ -82,6 +83,10 @@ pub struct State {
     pub(crate) list_index: HashMap<String, ListIndex>,
     /// Terminal reservations and idempotency records by eviction time.
     pub(crate) retention_index: BTreeSet<(Millis, Evictable)>,
+    /// Not state: the subjects (with their scopes) and actions of recent reserves, so that
+    /// reservations repeating them share one copy ([`crate::intern`]).
+    pub(crate) placements: Recent<Placement>,
+    pub(crate) actions: Recent<Arc<Action>>,
 }
 
 /// The persistent part of the state, as written to a snapshot. Indexes are rebuilt on load.
@@ -421,10 +426,14 @@ impl State {
         );
         state.expiry_index = expiry.into_iter().collect();
         state.retention_index = retention.into_iter().collect();
+        let (placements, actions) = (&mut state.placements, &mut state.actions);
         state.reservations = data
             .reservations
             .into_iter()
-            .map(|r| (r.reservation_id.clone(), Arc::new(r)))
+            .map(|mut r| {
+                share_loaded(placements, actions, &mut r);
+                (r.reservation_id.clone(), Arc::new(r))
+            })
             .collect();
         state
     }

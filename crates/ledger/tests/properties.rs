@@ -1998,3 +1998,64 @@ proptest! {
         check_restore_midway(&driver, split)?;
     }
 }
+
+/// Reservations of one subject and action share those values' allocations (and the scopes
+/// derived from the subject), a different subject gets its own; a state loaded from a
+/// snapshot has equal reservations, shared the same way.
+#[test]
+fn reservations_of_one_subject_share_it() {
+    let setup = Setup {
+        budgets: vec![
+            Some(BudgetSpec {
+                allocated: 1_000_000,
+                overdraft_limit: 0,
+                policy: None
+            });
+            BUDGET_SCOPES.len()
+        ],
+        default_policy: None,
+        max_extensions: None,
+    };
+    let mut state = State::new();
+    for command in setup_commands(&setup) {
+        apply(&mut state, sealed(command), START)
+            .result
+            .expect("setup");
+    }
+    // Two reserves of one agent, then one of another agent.
+    let subjects = [2, 2, 5];
+    let ids: Vec<String> = subjects
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let command = reserve_cmd(format!("k{i}"), format!("r{i}"), subject(s), UNIT, 10);
+            match apply(&mut state, sealed(Command::Reserve(command)), START).result {
+                Ok(Outcome::Reserved { .. }) => format!("r{i}"),
+                other => panic!("reserve {i}: {other:?}"),
+            }
+        })
+        .collect();
+    let [a, b, c] = [0, 1, 2].map(|i| state.reservation(&ids[i]).expect("reserved"));
+    assert!(std::sync::Arc::ptr_eq(&a.subject, &b.subject));
+    assert!(std::sync::Arc::ptr_eq(&a.action, &b.action));
+    assert!(std::sync::Arc::ptr_eq(
+        &a.affected_scopes,
+        &b.affected_scopes
+    ));
+    assert!(!std::sync::Arc::ptr_eq(&a.subject, &c.subject));
+    assert_ne!(a.subject, c.subject);
+    assert_eq!(*a.subject, subject(2));
+    assert_eq!(*c.subject, subject(5));
+    let restored = State::from_snapshot(state.to_snapshot());
+    for id in &ids {
+        assert_eq!(restored.reservation(id), state.reservation(id));
+    }
+    let [a, b, c] = [0, 1, 2].map(|i| restored.reservation(&ids[i]).expect("restored"));
+    assert!(std::sync::Arc::ptr_eq(&a.subject, &b.subject));
+    assert!(std::sync::Arc::ptr_eq(&a.action, &b.action));
+    assert!(std::sync::Arc::ptr_eq(
+        &a.affected_scopes,
+        &b.affected_scopes
+    ));
+    assert!(!std::sync::Arc::ptr_eq(&a.subject, &c.subject));
+}

@@ -11,6 +11,7 @@ use crate::{
 };
 
 use super::{Tx, DAY_MS};
+use crate::intern::Placement;
 
 /// ALLOW, or ALLOW_WITH_CAPS when a policy supplies caps.
 fn decision_with<C>(caps: &Option<C>) -> Decision {
@@ -128,7 +129,10 @@ impl Tx<'_> {
     pub(crate) fn reserve(&mut self, mut cmd: ReserveCmd) -> Result<Outcome, Rejection> {
         let caller = self.tenant_caller(&cmd.actor, Permission::ReservationsCreate)?;
         self.check_subject_tenant(&cmd.subject, &caller.tenant_id)?;
-        let scopes: Arc<[String]> = derive_scopes(&cmd.subject).into();
+        let place = self
+            .state
+            .placements
+            .place(std::mem::take(&mut cmd.subject));
         let idem_key = IdemKey {
             tenant_id: caller.tenant_id.clone(),
             endpoint: Endpoint::Reserve,
@@ -145,9 +149,7 @@ impl Tx<'_> {
                 replayed: true,
             });
         }
-        // The most specific scope; shared by the result and the reservation.
-        let scope_path: Arc<str> = Arc::from(scopes.last().map_or("", String::as_str));
-        let result = match self.admit(&caller.tenant_id, &scopes, cmd.unit, cmd.estimate) {
+        let result = match self.admit(&caller.tenant_id, &place.scopes, cmd.unit, cmd.estimate) {
             Err(Blocked::Error(e)) => return Err(e),
             Err(Blocked::Deny(_, e)) if !cmd.dry_run => return Err(e),
             Err(Blocked::Deny(reason, _)) => ReserveResult {
@@ -155,27 +157,29 @@ impl Tx<'_> {
                 reservation_id: None,
                 expires_at_ms: None,
                 reserved: None,
-                scope_path,
-                affected_scopes: scopes,
+                scope_path: place.scope_path,
+                affected_scopes: place.scopes,
                 balances: Vec::new(),
                 reason_code: Some(reason.to_string()),
                 caps: None,
             },
             Ok(budgets) if cmd.dry_run => {
-                let caps = self.caps_for(&caller.tenant_id, &scope_path).map(Box::new);
+                let caps = self
+                    .caps_for(&caller.tenant_id, &place.scope_path)
+                    .map(Box::new);
                 ReserveResult {
                     decision: decision_with(&caps),
                     reservation_id: None,
                     expires_at_ms: None,
                     reserved: Some((cmd.unit, cmd.estimate)),
-                    scope_path,
-                    affected_scopes: scopes,
+                    scope_path: place.scope_path,
+                    affected_scopes: place.scopes,
                     balances: budgets.iter().map(Balance::from).collect(),
                     reason_code: None,
                     caps,
                 }
             }
-            Ok(budgets) => self.hold(&caller.tenant_id, &mut cmd, scope_path, scopes, budgets)?,
+            Ok(budgets) => self.hold(&caller.tenant_id, &mut cmd, place, budgets)?,
         };
         let retention = match &result.expires_at_ms {
             Some(expires) => (expires - self.now + cmd.grace_period_ms).max(DAY_MS),
@@ -218,15 +222,14 @@ impl Tx<'_> {
     fn hold(
         &mut self,
         tenant_id: &Arc<str>,
-        // Its subject, action and metadata move into the reservation.
+        // Its action and metadata move into the reservation.
         cmd: &mut ReserveCmd,
-        scope_path: Arc<str>,
-        scopes: Arc<[String]>,
+        place: Placement,
         mut budgets: Vec<Budget>,
     ) -> Result<ReserveResult, Rejection> {
         // Borrowed, not cloned: only a few scalars and the caps are needed.
         let tenant = self.existing_tenant(tenant_id)?;
-        let governing = self.governing_policy(tenant_id, &scope_path);
+        let governing = self.governing_policy(tenant_id, &place.scope_path);
         let limits = governing
             .and_then(|p| p.reservation_ttl_override)
             .unwrap_or_default();
@@ -251,12 +254,12 @@ impl Tx<'_> {
         let reservation = Reservation {
             reservation_id: Arc::from(cmd.reservation_id.as_str()),
             tenant_id: tenant_id.clone(),
-            subject: Arc::new(std::mem::take(&mut cmd.subject)),
-            action: Arc::new(std::mem::take(&mut cmd.action)),
+            subject: place.subject,
+            action: self.state.actions.action(std::mem::take(&mut cmd.action)),
             unit: cmd.unit,
             estimate: cmd.estimate,
-            scope_path,
-            affected_scopes: scopes.clone(),
+            scope_path: place.scope_path,
+            affected_scopes: place.scopes.clone(),
             budgeted_scopes: budgets.iter().map(|b| b.scope.clone()).collect(),
             created_at_ms: self.now,
             expires_at_ms: self.now.saturating_add(ttl),
@@ -288,7 +291,7 @@ impl Tx<'_> {
             expires_at_ms: Some(reservation.expires_at_ms),
             reserved: Some((cmd.unit, cmd.estimate)),
             scope_path: reservation.scope_path.clone(),
-            affected_scopes: scopes,
+            affected_scopes: place.scopes,
             balances,
             reason_code: None,
             caps,
