@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use ledger::{
     apply, Action, Actor, Applied, Balance, Budget, BudgetKey, Command, CommitCmd, DecideCmd,
@@ -990,7 +991,7 @@ fn balances_are_current(after: &State, balances: &[Balance]) -> Result<(), TestC
 }
 
 /// Shared strings as owned ones, to compare with expectations.
-fn texts(shared: &[std::sync::Arc<str>]) -> Vec<String> {
+fn texts(shared: &[Arc<str>]) -> Vec<String> {
     shared.iter().map(|s| s.to_string()).collect()
 }
 
@@ -2035,27 +2036,20 @@ fn reservations_of_one_subject_share_it() {
             }
         })
         .collect();
-    let [a, b, c] = [0, 1, 2].map(|i| state.reservation(&ids[i]).expect("reserved"));
-    assert!(std::sync::Arc::ptr_eq(&a.subject, &b.subject));
-    assert!(std::sync::Arc::ptr_eq(&a.action, &b.action));
-    assert!(std::sync::Arc::ptr_eq(
-        &a.affected_scopes,
-        &b.affected_scopes
-    ));
-    assert!(!std::sync::Arc::ptr_eq(&a.subject, &c.subject));
-    assert_ne!(a.subject, c.subject);
-    assert_eq!(*a.subject, subject(2));
-    assert_eq!(*c.subject, subject(5));
+    // The first two share every value of their subject and action; the third shares none.
+    let check = |state: &State| {
+        let [a, b, c] = [0, 1, 2].map(|i| state.reservation(&ids[i]).expect("reserved"));
+        assert!(Arc::ptr_eq(&a.subject, &b.subject));
+        assert!(Arc::ptr_eq(&a.action, &b.action));
+        assert!(Arc::ptr_eq(&a.affected_scopes, &b.affected_scopes));
+        assert!(!Arc::ptr_eq(&a.subject, &c.subject));
+        assert_eq!(*a.subject, subject(2));
+        assert_eq!(*c.subject, subject(5));
+    };
+    check(&state);
     let restored = State::from_snapshot(state.to_snapshot());
     for id in &ids {
         assert_eq!(restored.reservation(id), state.reservation(id));
     }
-    let [a, b, c] = [0, 1, 2].map(|i| restored.reservation(&ids[i]).expect("restored"));
-    assert!(std::sync::Arc::ptr_eq(&a.subject, &b.subject));
-    assert!(std::sync::Arc::ptr_eq(&a.action, &b.action));
-    assert!(std::sync::Arc::ptr_eq(
-        &a.affected_scopes,
-        &b.affected_scopes
-    ));
-    assert!(!std::sync::Arc::ptr_eq(&a.subject, &c.subject));
+    check(&restored);
 }
