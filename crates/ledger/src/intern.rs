@@ -11,6 +11,7 @@
 //! compared, empty after a restart; no reply or effect depends on whether two reservations
 //! share an allocation.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hash};
 use std::sync::Arc;
@@ -49,10 +50,21 @@ fn slot_of<K: Hash + ?Sized>(key: &K) -> usize {
     BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize % SLOTS
 }
 
-impl<E> Recent<E> {
-    /// The one slot `key` may be cached in.
-    fn slot<K: Hash + ?Sized>(&mut self, key: &K) -> &mut Option<E> {
-        &mut self.slots[slot_of(key)]
+impl<E: Clone> Recent<E> {
+    /// The cached entry equal to `key` (as `equal` decides), or the one `make` builds from
+    /// it, which then takes the slot. `key` is owned or already shared (`K` borrows as the
+    /// value), so a hit allocates nothing either way.
+    fn share<T: Hash + ?Sized, K: Borrow<T>>(
+        &mut self,
+        key: K,
+        equal: impl Fn(&E, &T) -> bool,
+        make: impl FnOnce(K) -> E,
+    ) -> E {
+        let slot = &mut self.slots[slot_of(key.borrow())];
+        match slot {
+            Some(entry) if equal(entry, key.borrow()) => entry.clone(),
+            _ => slot.insert(make(key)).clone(),
+        }
     }
 }
 
@@ -78,40 +90,25 @@ impl Placement {
 
 impl Recent<Placement> {
     /// `subject`'s placement, shared with earlier reservations of an equal subject.
-    pub(crate) fn place(&mut self, subject: Subject) -> Placement {
-        let slot = self.slot(&subject);
-        match slot {
-            Some(p) if *p.subject == subject => p.clone(),
-            _ => slot.insert(Placement::of(Arc::new(subject))).clone(),
-        }
-    }
-
-    /// Like [`Recent::place`], for a subject already behind an `Arc` (a loaded reservation's).
-    fn place_shared(&mut self, subject: &Arc<Subject>) -> Placement {
-        let slot = self.slot(&**subject);
-        match slot {
-            Some(p) if p.subject == *subject => p.clone(),
-            _ => slot.insert(Placement::of(subject.clone())).clone(),
-        }
+    pub(crate) fn place<S>(&mut self, subject: S) -> Placement
+    where
+        S: Borrow<Subject> + Into<Arc<Subject>>,
+    {
+        self.share(
+            subject,
+            |p, s: &Subject| *p.subject == *s,
+            |s| Placement::of(s.into()),
+        )
     }
 }
 
 impl Recent<Arc<Action>> {
     /// `action`, shared with earlier reservations of an equal action.
-    pub(crate) fn action(&mut self, action: Action) -> Arc<Action> {
-        let slot = self.slot(&action);
-        match slot {
-            Some(a) if **a == action => a.clone(),
-            _ => slot.insert(Arc::new(action)).clone(),
-        }
-    }
-
-    fn action_shared(&mut self, action: &Arc<Action>) -> Arc<Action> {
-        let slot = self.slot(&**action);
-        match slot {
-            Some(a) if *a == *action => a.clone(),
-            _ => slot.insert(action.clone()).clone(),
-        }
+    pub(crate) fn action<A>(&mut self, action: A) -> Arc<Action>
+    where
+        A: Borrow<Action> + Into<Arc<Action>>,
+    {
+        self.share(action, |a, b: &Action| **a == *b, Into::into)
     }
 }
 
@@ -123,7 +120,7 @@ pub(crate) fn share_loaded(
     actions: &mut Recent<Arc<Action>>,
     r: &mut Reservation,
 ) {
-    let place = placements.place_shared(&r.subject);
+    let place = placements.place(r.subject.clone());
     r.subject = place.subject;
     if place.scopes == r.affected_scopes {
         r.affected_scopes = place.scopes;
@@ -131,7 +128,7 @@ pub(crate) fn share_loaded(
     if place.scope_path == r.scope_path {
         r.scope_path = place.scope_path;
     }
-    r.action = actions.action_shared(&r.action);
+    r.action = actions.action(r.action.clone());
 }
 
 #[cfg(test)]
