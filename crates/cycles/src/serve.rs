@@ -120,7 +120,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }),
         public_metrics: args.public_metrics,
     };
-    let bound = BoundServer::bind(Arc::new(store), options)
+    let bound = BoundServer::bind(store, options)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = bound.local_addr()?;

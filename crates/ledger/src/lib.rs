@@ -1,8 +1,8 @@
 //! The Cycles domain and its rules.
 //!
 //! Everything here is pure: no I/O, no clock, no randomness. Time and identifiers arrive in
-//! the [`Command`]s, and [`apply`] is deterministic — the same [`State`] and command always
-//! give the same [`Applied`] result, bit for bit. Every change to the state is expressed as a
+//! the operations ([`Operation`]), and [`apply`] is deterministic — the same [`State`] and
+//! operation always give the same [`Applied`] result, bit for bit. Every change to the state is expressed as a
 //! list of [`Effect`]s, and [`State::apply_effect`] is the only code that mutates it, both live
 //! and when a journal is replayed. (The one exception is not state: the reserve's caches of
 //! recent subjects and actions, which only decide which reservations share an allocation.)
@@ -11,32 +11,30 @@ mod amount;
 mod apikey;
 mod apply;
 mod budget;
-mod command;
 mod error;
 mod idempotency;
 mod intern;
 mod listing;
-mod outcome;
 mod policy;
 mod reservation;
+mod results;
 mod scope;
 mod state;
 pub mod tenant;
 
 pub use amount::{checked_add, checked_sub, Amount, Unit};
 pub use apikey::{ApiKey, ApiKeyStatus, Permission};
-pub use apply::{apply, Applied};
+pub use apply::*;
 pub use budget::{
     admission_refusal, charge_amount, fund, settle_commit, Budget, BudgetKey, BudgetStatus, Charge,
     FundingOp, OveragePolicy, Refusal, RolloverPolicy,
 };
-pub use command::*;
 pub use error::Rejection;
 pub use idempotency::{Endpoint, IdemKey, IdemRecord};
 pub use listing::{position, Position, SortBy, SortValue};
-pub use outcome::*;
 pub use policy::{pattern_matches, Caps, Policy, PolicyStatus, RateLimits, TtlOverride};
 pub use reservation::{Action, Reservation, ReservationStatus};
+pub use results::*;
 pub use scope::{
     derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
 };

@@ -1,5 +1,6 @@
 //! The state and the only code that changes it: [`State::apply_effect`].
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -84,9 +85,10 @@ pub struct State {
     /// Terminal reservations and idempotency records by eviction time.
     pub(crate) retention_index: BTreeSet<(Millis, Evictable)>,
     /// Not state: the subjects (with their scopes) and actions of recent reserves, so that
-    /// reservations repeating them share one copy ([`crate::intern`]).
-    pub(crate) placements: Recent<Placement>,
-    pub(crate) actions: Recent<Arc<Action>>,
+    /// reservations repeating them share one copy ([`crate::intern`]). In cells because an
+    /// operation sees the state read-only: filling a cache changes no state.
+    pub(crate) placements: RefCell<Recent<Placement>>,
+    pub(crate) actions: RefCell<Recent<Arc<Action>>>,
 }
 
 /// The persistent part of the state, as written to a snapshot. Indexes are rebuilt on load.
@@ -426,7 +428,7 @@ impl State {
         );
         state.expiry_index = expiry.into_iter().collect();
         state.retention_index = retention.into_iter().collect();
-        let (placements, actions) = (&mut state.placements, &mut state.actions);
+        let (placements, actions) = (state.placements.get_mut(), state.actions.get_mut());
         state.reservations = data
             .reservations
             .into_iter()

@@ -620,7 +620,7 @@ impl BudgetFundingRequest {
         tenant_id: Option<String>,
         scope: String,
         unit: Unit,
-    ) -> Result<ledger::FundCmd, ApiError> {
+    ) -> Result<ledger::Funding, ApiError> {
         same_unit("amount", &self.amount, unit.into())?;
         if let Some(s) = &self.spent {
             same_unit("spent", s, unit.into())?;
@@ -630,7 +630,7 @@ impl BudgetFundingRequest {
             key: key.as_str().into(),
             fingerprint: fingerprint(&(&scope, unit.as_str(), &self)),
         });
-        Ok(ledger::FundCmd {
+        Ok(ledger::Funding {
             tenant_id,
             operation: FundingOp::parse(&self.operation)
                 .ok_or_else(|| ApiError::invalid("operation: unknown value"))?,

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use ledger::{
-    Actor, ListQuery, Position, Reservation, ReservationStatus, SortBy, SortValue, SCOPE_LEVELS,
+    Actor, ListReservations, Position, Reservation, ReservationStatus, SortBy, SortValue,
+    SCOPE_LEVELS,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -26,7 +27,7 @@ struct Cursor {
     i: String,
 }
 
-fn filter_hash(q: &ListQuery) -> String {
+fn filter_hash(q: &ListReservations) -> String {
     let canonical = format!(
         "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
         q.tenant, q.idempotency_key, q.status, q.filters, q.created, q.expires, q.finalized
@@ -34,7 +35,7 @@ fn filter_hash(q: &ListQuery) -> String {
     hex::encode(&Sha256::digest(canonical.as_bytes())[..12])
 }
 
-pub fn encode_list_cursor(q: &ListQuery, (value, id): Position) -> String {
+pub fn encode_list_cursor(q: &ListReservations, (value, id): Position) -> String {
     let cursor = Cursor {
         s: q.sort_by.as_str().into(),
         d: q.descending,
@@ -45,7 +46,7 @@ pub fn encode_list_cursor(q: &ListQuery, (value, id): Position) -> String {
     hex::encode(serde_json::to_vec(&cursor).unwrap_or_default())
 }
 
-fn decode_list_cursor(raw: &str, q: &ListQuery) -> Result<Position, ApiError> {
+fn decode_list_cursor(raw: &str, q: &ListReservations) -> Result<Position, ApiError> {
     let invalid = |why: &str| {
         ApiError::invalid(format!(
             "cursor: {why}; restart pagination without a cursor"
@@ -89,7 +90,7 @@ pub fn parse_list_query(
     actor: Actor,
     get: impl Fn(&str) -> Option<String>,
     limit: usize,
-) -> Result<ListQuery, ApiError> {
+) -> Result<ListReservations, ApiError> {
     if actor == Actor::Admin && get("tenant").is_none() {
         return Err(ApiError::invalid(
             "tenant query parameter is required when using admin key authentication",
@@ -118,7 +119,7 @@ pub fn parse_list_query(
     if let Some(key) = get("idempotency_key") {
         crate::validate::idempotency_key("idempotency_key", &key)?;
     }
-    let mut q = ListQuery {
+    let mut q = ListReservations {
         tenant: get("tenant"),
         idempotency_key: get("idempotency_key"),
         status,

@@ -78,8 +78,8 @@ impl Validate for ReservationCreateRequest {
 }
 
 impl ReservationCreateRequest {
-    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::ReserveCmd {
-        ledger::ReserveCmd {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::Reserve {
+        ledger::Reserve {
             actor,
             idem: idem(&self, &self.idempotency_key),
             reservation_id,
@@ -166,8 +166,8 @@ impl Validate for CommitRequest {
 }
 
 impl CommitRequest {
-    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::CommitCmd {
-        ledger::CommitCmd {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::Commit {
+        ledger::Commit {
             actor,
             idem: idem(&self, &self.idempotency_key),
             reservation_id,
@@ -225,8 +225,8 @@ impl Validate for ReleaseRequest {
 }
 
 impl ReleaseRequest {
-    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::ReleaseCmd {
-        ledger::ReleaseCmd {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::Release {
+        ledger::Release {
             actor,
             idem: idem(&self, &self.idempotency_key),
             reservation_id,
@@ -278,8 +278,8 @@ impl Validate for ReservationExtendRequest {
 }
 
 impl ReservationExtendRequest {
-    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::ExtendCmd {
-        ledger::ExtendCmd {
+    pub fn into_command(self, actor: Actor, reservation_id: String) -> ledger::Extend {
+        ledger::Extend {
             actor,
             idem: idem(&self, &self.idempotency_key),
             reservation_id,
@@ -336,8 +336,8 @@ impl Validate for DecisionRequest {
 }
 
 impl DecisionRequest {
-    pub fn into_command(self, actor: Actor) -> ledger::DecideCmd {
-        ledger::DecideCmd {
+    pub fn into_command(self, actor: Actor) -> ledger::Decide {
+        ledger::Decide {
             actor,
             idem: idem(&self, &self.idempotency_key),
             unit: self.estimate.unit.into(),
@@ -410,8 +410,8 @@ impl Validate for EventCreateRequest {
 }
 
 impl EventCreateRequest {
-    pub fn into_command(self, actor: Actor, event_id: String) -> ledger::EventCmd {
-        ledger::EventCmd {
+    pub fn into_command(self, actor: Actor, event_id: String) -> ledger::RecordEvent {
+        ledger::RecordEvent {
             actor,
             idem: idem(&self, &self.idempotency_key),
             event_id,

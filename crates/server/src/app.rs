@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use ledger::{Actor, Command, Outcome};
+use ledger::{Actor, Authenticate, Operation};
 use protocol::{ApiError, Plane};
 use sha2::{Digest, Sha256};
-use store::{Load, Store, StoreError};
+use store::{Engine, Load, Store, StoreError};
 use subtle::ConstantTimeEq;
 
 use crate::jobs::SweepCounters;
@@ -13,7 +13,7 @@ use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
 
 pub struct App {
-    store: Arc<dyn Store>,
+    store: Arc<Engine>,
     /// SHA-256 of the admin key: compared in constant time, never kept in plain text.
     admin_key_digest: [u8; 32],
     http_metrics: HttpMetrics,
@@ -22,7 +22,7 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(store: Arc<dyn Store>, admin_api_key: &str, public_metrics: bool) -> Self {
+    pub fn new(store: Arc<Engine>, admin_api_key: &str, public_metrics: bool) -> Self {
         App {
             store,
             admin_key_digest: Sha256::digest(admin_api_key.as_bytes()).into(),
@@ -44,7 +44,7 @@ impl App {
         self.public_metrics
     }
 
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub fn store(&self) -> &Arc<Engine> {
         &self.store
     }
 
@@ -53,21 +53,22 @@ impl App {
         digest.ct_eq(&self.admin_key_digest).into()
     }
 
-    /// Executes a command; a refusal becomes the protocol error of `plane`.
-    pub async fn run(
+    /// Executes an operation; a refusal becomes the protocol error of `plane`. Answers the
+    /// operation's own output and the caller's tenant, once known.
+    pub async fn run<O: Operation>(
         &self,
-        command: Command,
+        operation: O,
         plane: Plane,
-    ) -> Result<(Outcome, Option<Arc<str>>), Failure> {
+    ) -> Result<(O::Output, Option<Arc<str>>), Failure> {
         // A request alone in the server may have its write synced on its own thread.
         let load = if self.http_metrics.alone() {
             Load::Alone
         } else {
             Load::Busy
         };
-        match self.store.execute(command, load).await {
+        match self.store.execute(operation, load).await {
             Ok(reply) => match reply.result {
-                Ok(outcome) => Ok((outcome, reply.tenant)),
+                Ok(output) => Ok((output, reply.tenant)),
                 Err(rejection) => Err(Failure {
                     error: ApiError::from_rejection(rejection, plane),
                     tenant: reply.tenant,
@@ -83,16 +84,17 @@ impl App {
         }
     }
 
-    /// Parses a request with `parse` (see [`App::validated`]) and runs the command it becomes.
-    pub async fn run_parsed<T>(
+    /// Parses a request with `parse` (see [`App::validated`]) and runs the operation it
+    /// becomes.
+    pub async fn run_parsed<T, O: Operation>(
         &self,
         actor: &Actor,
         plane: Plane,
         parse: impl FnOnce() -> Result<T, ApiError>,
-        command: impl FnOnce(T) -> Command,
-    ) -> Result<(Outcome, Option<Arc<str>>), Failure> {
+        operation: impl FnOnce(T) -> O,
+    ) -> Result<(O::Output, Option<Arc<str>>), Failure> {
         let parsed = self.validated(actor, plane, parse).await?;
-        self.run(command(parsed), plane).await
+        self.run(operation(parsed), plane).await
     }
 
     /// Parses and validates a request. When that fails, the caller's credentials are checked
@@ -106,8 +108,7 @@ impl App {
         match parse() {
             Ok(value) => Ok(value),
             Err(invalid) => {
-                self.run(Command::Authenticate(actor.clone()), plane)
-                    .await?;
+                self.run(Authenticate(actor.clone()), plane).await?;
                 Err(invalid.into())
             }
         }

@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ledger::{Command, Outcome};
-use store::Load;
+use ledger::{Maintain, Maintained};
+use store::{Load, Store};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -56,10 +56,10 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration) -> Sweeper {
                 tokio::task::yield_now().await;
                 let reply = app
                     .store()
-                    .execute(Command::Maintain { limit: SWEEP_BATCH }, Load::Busy)
+                    .execute(Maintain { limit: SWEEP_BATCH }, Load::Busy)
                     .await;
                 match reply.map(|r| r.result) {
-                    Ok(Ok(Outcome::Maintained { expired, evicted })) => {
+                    Ok(Ok(Maintained { expired, evicted })) => {
                         let counters = app.sweep_counters();
                         counters
                             .expired
@@ -71,7 +71,6 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration) -> Sweeper {
                             break;
                         }
                     }
-                    Ok(Ok(_)) => break,
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "maintenance refused");
                         break;

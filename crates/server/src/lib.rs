@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
-use store::Store;
+use store::{Engine, Store};
 use tokio::net::TcpListener;
 
 pub use app::App;
@@ -56,12 +56,12 @@ pub struct BoundServer {
 }
 
 impl BoundServer {
-    pub async fn bind(store: Arc<dyn Store>, options: ServerOptions) -> io::Result<Self> {
+    pub async fn bind(store: impl Into<Engine>, options: ServerOptions) -> io::Result<Self> {
         let listener = TcpListener::bind(options.listen).await?;
         Ok(BoundServer {
             listener,
             app: Arc::new(App::new(
-                store,
+                Arc::new(store.into()),
                 &options.admin_api_key,
                 options.public_metrics,
             )),

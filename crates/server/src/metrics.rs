@@ -12,6 +12,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use store::Store;
 
 use crate::app::App;
 use crate::auth::{self, Headers};

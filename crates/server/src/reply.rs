@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ledger::Outcome;
 use protocol::ApiError;
 use serde::Serialize;
 
@@ -104,15 +103,6 @@ pub fn next_cursor<T>(
 /// The cursor position of a budget in `(scope, unit)` order.
 pub fn budget_position(b: &ledger::Budget) -> String {
     protocol::encode_budget_cursor(&b.scope, b.unit)
-}
-
-/// The store answered a command with an outcome of another kind: a broken invariant.
-pub fn unexpected(outcome: &Outcome) -> Failure {
-    ApiError::internal(format!(
-        "unexpected outcome {:?}",
-        std::mem::discriminant(outcome)
-    ))
-    .into()
 }
 
 #[cfg(test)]

@@ -1,26 +1,25 @@
 //! The [`Store`] trait and its engines.
 //!
-//! A store takes high-level commands (reserve, commit, fund, …) and returns their outcomes;
-//! it never exposes get/put. That is what lets the embedded engine apply each command under
-//! one ledger lock and a Redis engine run each as one script.
+//! A store takes the ledger's operations (reserve, commit, fund, …: [`ledger::Operation`])
+//! and returns each one's own output; it never exposes get/put. That is what lets the
+//! embedded engine apply each operation under one ledger lock and a Redis engine run each
+//! as one script. [`Engine`] is the one type the server holds: one variant per engine.
 
 mod clock;
 pub mod embedded;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-use ledger::{Command, Outcome, Rejection};
+use ledger::{Operation, Rejection};
 
-/// A boxed future, so the trait stays object-safe (`Arc<dyn Store>`).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use embedded::EmbeddedStore;
 
-/// The answer to one command.
+/// The answer to one operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
-    pub result: Result<Outcome, Rejection>,
+pub struct Reply<T> {
+    pub result: Result<T, Rejection>,
     /// The caller's effective tenant, once authenticated.
     pub tenant: Option<Arc<str>>,
 }
@@ -65,15 +64,63 @@ pub enum Load {
     Busy,
 }
 
+/// What every engine does.
 pub trait Store: Send + Sync + 'static {
-    /// Applies a command. A successful reply is durable under the store's durability mode.
-    fn execute(&self, command: Command, load: Load) -> BoxFuture<'_, Result<Reply, StoreError>>;
+    /// Applies an operation. A successful reply is durable under the store's durability
+    /// mode.
+    fn execute<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+    ) -> impl Future<Output = Result<Reply<O::Output>, StoreError>> + Send;
 
     fn health(&self) -> Health;
 
     /// The engine's own counters and gauges.
     fn metrics(&self) -> Vec<Metric>;
 
-    /// Stops accepting commands, finishes the ones in flight and flushes everything.
-    fn shutdown(&self) -> BoxFuture<'_, ()>;
+    /// Stops accepting operations, finishes the ones in flight and flushes everything.
+    fn shutdown(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// The engine a server runs on. An enum rather than a trait object: [`Store::execute`] is
+/// generic over the operation, so each call is typed end to end (and costs no boxed future).
+pub enum Engine {
+    Embedded(EmbeddedStore),
+}
+
+impl From<EmbeddedStore> for Engine {
+    fn from(store: EmbeddedStore) -> Self {
+        Engine::Embedded(store)
+    }
+}
+
+impl Store for Engine {
+    async fn execute<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        match self {
+            Engine::Embedded(store) => store.execute(operation, load).await,
+        }
+    }
+
+    fn health(&self) -> Health {
+        match self {
+            Engine::Embedded(store) => store.health(),
+        }
+    }
+
+    fn metrics(&self) -> Vec<Metric> {
+        match self {
+            Engine::Embedded(store) => store.metrics(),
+        }
+    }
+
+    async fn shutdown(&self) {
+        match self {
+            Engine::Embedded(store) => store.shutdown().await,
+        }
+    }
 }

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::{
-    apply, Action, Actor, Command, CommitCmd, Effect, FundCmd, FundingOp, Idempotency, NewApiKey,
-    NewBudget, NewTenant, ReleaseCmd, ReserveCmd, SnapshotData, State, Subject, Unit,
+    apply, Action, Actor, Applied, Commit, CreateApiKey, CreateBudget, CreateTenant, Effect,
+    FundBudget, Funding, FundingOp, Idempotency, Maintain, NewApiKey, NewBudget, NewTenant,
+    Operation, Rejection, Release, Reserve, SnapshotData, State, Subject, Unit,
 };
 use store::embedded::{recover, verify, Durability, EmbeddedConfig, EmbeddedStore, Recovered};
 use store::{Clock, Load, ManualClock, Store};
@@ -40,6 +41,66 @@ const FRAME_HEADER: usize = 8;
 // The workload
 // ---------------------------------------------------------------------------------------
 
+/// One operation of a workload. Each operation has its own output type; the workload holds
+/// them in one list, so the answers of the store and of the model are compared as their
+/// `Debug` text (every field, so equal text is equal answers).
+#[derive(Clone)]
+enum Command {
+    CreateTenant(CreateTenant),
+    CreateApiKey(CreateApiKey),
+    CreateBudget(CreateBudget),
+    Reserve(Reserve),
+    Commit(Commit),
+    Release(Release),
+    FundBudget(FundBudget),
+    Maintain(Maintain),
+}
+
+/// An operation's answer with its output as text.
+type Answer = Result<String, Rejection>;
+
+fn answer<T: std::fmt::Debug>(result: Result<T, Rejection>) -> Answer {
+    result.map(|output| format!("{output:?}"))
+}
+
+/// Runs `$body` with `$op` bound to the operation inside `$command`, whatever its type.
+macro_rules! with_operation {
+    ($command:expr, $op:ident => $body:expr) => {
+        match $command {
+            Command::CreateTenant($op) => $body,
+            Command::CreateApiKey($op) => $body,
+            Command::CreateBudget($op) => $body,
+            Command::Reserve($op) => $body,
+            Command::Commit($op) => $body,
+            Command::Release($op) => $body,
+            Command::FundBudget($op) => $body,
+            Command::Maintain($op) => $body,
+        }
+    };
+}
+
+impl Command {
+    /// Applies the command to the model's `state`.
+    fn apply(self, state: &mut State, now: i64) -> Applied<String> {
+        fn erased<O: Operation>(state: &mut State, op: O, now: i64) -> Applied<String> {
+            let applied = apply(state, op, now);
+            Applied {
+                result: answer(applied.result),
+                effects: applied.effects,
+                tenant: applied.tenant,
+            }
+        }
+        with_operation!(self, op => erased(state, op, now))
+    }
+
+    /// Sends the command to the store.
+    async fn execute(self, store: &EmbeddedStore, load: Load) -> Answer {
+        let answered =
+            with_operation!(self, op => store.execute(op, load).await.map(|r| answer(r.result)));
+        answered.expect("the store answers")
+    }
+}
+
 fn idem(key: String) -> Idempotency {
     let mut fingerprint = [0u8; 32];
     for (slot, byte) in fingerprint.iter_mut().zip(key.bytes()) {
@@ -52,7 +113,7 @@ fn idem(key: String) -> Idempotency {
 }
 
 fn tenant(id: &str) -> Command {
-    Command::CreateTenant {
+    Command::CreateTenant(CreateTenant {
         actor: Actor::Admin,
         tenant: NewTenant {
             tenant_id: id.into(),
@@ -65,11 +126,11 @@ fn tenant(id: &str) -> Command {
             reservation_expiry_policy: None,
             metadata: BTreeMap::new(),
         },
-    }
+    })
 }
 
 fn budget(scope: &str, allocated: i64) -> Command {
-    Command::CreateBudget {
+    Command::CreateBudget(CreateBudget {
         actor: Actor::Admin,
         budget: NewBudget {
             ledger_id: format!("ledger-{scope}"),
@@ -84,14 +145,14 @@ fn budget(scope: &str, allocated: i64) -> Command {
             period_end_ms: None,
             metadata: None,
         },
-    }
+    })
 }
 
 /// A tenant, its API key, and budgets at the tenant and at one agent.
 fn provisioning() -> Vec<Command> {
     vec![
         tenant(TENANT),
-        Command::CreateApiKey {
+        Command::CreateApiKey(CreateApiKey {
             actor: Actor::Admin,
             key: NewApiKey {
                 key_id: "key-1".into(),
@@ -105,7 +166,7 @@ fn provisioning() -> Vec<Command> {
                 expires_at_ms: Some(i64::MAX),
                 metadata: None,
             },
-        },
+        }),
         budget("tenant:t", 10_000_000),
         budget("tenant:t/agent:a", 2_000_000),
     ]
@@ -116,7 +177,7 @@ fn reserve(id: &str, estimate: i64) -> Command {
 }
 
 fn reserve_for(id: &str, estimate: i64, ttl_ms: Option<i64>) -> Command {
-    Command::Reserve(ReserveCmd {
+    Command::Reserve(Reserve {
         actor: Actor::ApiKey(DIGEST),
         idem: idem(format!("reserve-{id}")),
         reservation_id: id.into(),
@@ -141,7 +202,7 @@ fn reserve_for(id: &str, estimate: i64, ttl_ms: Option<i64>) -> Command {
 }
 
 fn commit(id: &str, key: &str, actual: i64) -> Command {
-    Command::Commit(CommitCmd {
+    Command::Commit(Commit {
         actor: Actor::ApiKey(DIGEST),
         idem: idem(format!("commit-{key}")),
         reservation_id: id.into(),
@@ -152,7 +213,7 @@ fn commit(id: &str, key: &str, actual: i64) -> Command {
 }
 
 fn release(id: &str) -> Command {
-    Command::Release(ReleaseCmd {
+    Command::Release(Release {
         actor: Actor::ApiKey(DIGEST),
         idem: idem(format!("release-{id}")),
         reservation_id: id.into(),
@@ -161,9 +222,9 @@ fn release(id: &str) -> Command {
 }
 
 fn credit(n: usize) -> Command {
-    Command::FundBudget {
+    Command::FundBudget(FundBudget {
         actor: Actor::Admin,
-        fund: FundCmd {
+        fund: Funding {
             tenant_id: Some(TENANT.into()),
             scope: "tenant:t".into(),
             unit: UNIT,
@@ -172,7 +233,7 @@ fn credit(n: usize) -> Command {
             spent: None,
             idem: Some(idem(format!("fund-{n}"))),
         },
-    }
+    })
 }
 
 /// `len` commands: provisioning, then reservations that are committed, released, left
@@ -193,7 +254,7 @@ fn workload(start: usize, len: usize) -> Vec<Command> {
         if n % 10 == 4 {
             // Lapses before the next command (STEP_MS later), which expires it.
             commands.push(reserve_for(&id, estimate, Some(1)));
-            commands.push(Command::Maintain { limit: 16 });
+            commands.push(Command::Maintain(Maintain { limit: 16 }));
             n += 1;
             continue;
         }
@@ -274,13 +335,12 @@ impl Harness {
     async fn drive(&mut self, store: &EmbeddedStore, commands: Vec<Command>) {
         for (i, command) in commands.into_iter().enumerate() {
             self.clock.advance(STEP_MS);
-            let expected = apply(&mut self.model.state, command.clone(), self.clock.now_ms());
+            let expected = command
+                .clone()
+                .apply(&mut self.model.state, self.clock.now_ms());
             let load = if i % 2 == 0 { Load::Busy } else { Load::Alone };
-            let reply = store
-                .execute(command, load)
-                .await
-                .expect("the store answers");
-            assert_eq!(reply.result, expected.result, "store and model disagree");
+            let answered = command.execute(store, load).await;
+            assert_eq!(answered, expected.result, "store and model disagree");
             if !expected.effects.is_empty() {
                 self.model.history.push(canonical(&self.model.state));
             }
@@ -559,15 +619,12 @@ async fn reopen_after_cut(src: &Path, history: &[SnapshotData], cut: usize, k: u
     let clock = Arc::new(ManualClock::new(T0 + 1_000_000));
     let extra = tenant(&format!("extra-{cut}"));
     let mut expected = State::from_snapshot(history[k].clone());
-    let applied = apply(&mut expected, extra.clone(), clock.now_ms());
+    let applied = extra.clone().apply(&mut expected, clock.now_ms());
     assert!(applied.result.is_ok() && !applied.effects.is_empty());
 
     let store = open_store(work.path(), clock.clone(), None);
-    let reply = store
-        .execute(extra, Load::Alone)
-        .await
-        .expect("the store answers");
-    assert_eq!(reply.result, applied.result, "cut at {cut}");
+    let answered = extra.execute(&store, Load::Alone).await;
+    assert_eq!(answered, applied.result, "cut at {cut}");
     // A crash right after the acknowledgement: no shutdown, so no final snapshot.
     drop(store);
 
@@ -621,7 +678,7 @@ fn the_workload_expires_reservations() {
     let mut expired = 0;
     for command in workload(0, OPS) {
         now += STEP_MS;
-        let applied = apply(&mut state, command, now);
+        let applied = command.apply(&mut state, now);
         expired += applied
             .effects
             .iter()
@@ -982,8 +1039,8 @@ async fn alone_and_busy_requests_interleave_without_losing_an_acknowledgement() 
     // One request at a time: nothing wakes the syncer thread, so every round is the
     // request's own.
     for i in 0..ALONE {
-        let reply = store.execute(tenant(&format!("a{i}")), Load::Alone).await;
-        assert!(reply.expect("the store answers").result.is_ok());
+        let answered = tenant(&format!("a{i}")).execute(&store, Load::Alone).await;
+        assert!(answered.is_ok(), "{answered:?}");
     }
     assert_eq!(
         counter(&store, "cycles_store_batches_alone_total"),
@@ -1001,11 +1058,8 @@ async fn alone_and_busy_requests_interleave_without_losing_an_acknowledgement() 
                     } else {
                         Load::Alone
                     };
-                    let reply = store
-                        .execute(tenant(&format!("t{t}-{i}")), load)
-                        .await
-                        .expect("the store answers");
-                    assert!(reply.result.is_ok(), "{:?}", reply.result);
+                    let answered = tenant(&format!("t{t}-{i}")).execute(&store, load).await;
+                    assert!(answered.is_ok(), "{answered:?}");
                 }
             })
         })

@@ -2,9 +2,36 @@
 
 use std::sync::Arc;
 
-use crate::{Actor, ApiKey, ApiKeyStatus, Permission, Principal, Rejection, Tenant};
+use crate::{ApiKey, ApiKeyStatus, Permission, Rejection, Tenant};
 
-use super::Tx;
+use super::{operation, Tx};
+
+/// Who is calling, as presented. The ledger resolves it to a [`Principal`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// The operator's admin key, already verified by the server against its configuration.
+    Admin,
+    /// A tenant API key, identified by the SHA-256 digest of its secret.
+    ApiKey([u8; 32]),
+}
+
+/// Who the caller turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    Admin,
+    Tenant {
+        tenant_id: String,
+        key_id: String,
+        permissions: Vec<Permission>,
+    },
+}
+
+/// Resolves an actor without doing anything else (the server uses it to answer 401 before
+/// a 400 for a malformed request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticate(pub Actor);
+
+operation!(Authenticate => Principal, authenticate_only);
 
 /// A tenant-key caller, resolved.
 pub(crate) struct Caller {
@@ -12,6 +39,10 @@ pub(crate) struct Caller {
 }
 
 impl Tx<'_> {
+    fn authenticate_only(&mut self, op: Authenticate) -> Result<Principal, Rejection> {
+        self.authenticate(&op.0)
+    }
+
     /// Resolves an actor. The admin key was verified by the server; a tenant key must exist,
     /// be ACTIVE and unexpired, and belong to an existing tenant.
     pub(crate) fn authenticate(&mut self, actor: &Actor) -> Result<Principal, Rejection> {
@@ -98,6 +129,41 @@ impl Tx<'_> {
                 "This operation requires the admin key (X-Admin-API-Key)".into(),
             )),
         }
+    }
+
+    /// The tenant an operation acts for: the key's tenant, or with the admin key the
+    /// `tenant_id` the request names (required).
+    pub(crate) fn acting_tenant(
+        &mut self,
+        actor: &Actor,
+        permission: Permission,
+        named: Option<String>,
+    ) -> Result<String, Rejection> {
+        match self.admin_or_tenant(actor, permission)? {
+            Some(caller) => Ok(caller.tenant_id.to_string()),
+            None => named.ok_or_else(|| {
+                Rejection::InvalidRequest(
+                    "tenant_id is required when using admin key authentication".into(),
+                )
+            }),
+        }
+    }
+
+    /// The tenant a create request acts for: the key's own, or with the admin key the body's
+    /// `tenant_id` (required there, and refused with a tenant key).
+    pub(crate) fn creating_tenant(
+        &mut self,
+        actor: &Actor,
+        permission: Permission,
+        named: Option<String>,
+    ) -> Result<String, Rejection> {
+        if matches!(actor, Actor::ApiKey(_)) && named.is_some() {
+            self.authenticate(actor)?;
+            return Err(Rejection::InvalidRequest(
+                "tenant_id must not be set when using a tenant API key".into(),
+            ));
+        }
+        self.acting_tenant(actor, permission, named)
     }
 
     pub(crate) fn existing_tenant(&self, tenant_id: &str) -> Result<&Tenant, Rejection> {

@@ -1,19 +1,61 @@
-//! Settling reservations: commit, release, extend, expire, and reading one.
+//! Settling reservations: commit, release, extend, and expiry (by the sweep, or found on
+//! the way by a settlement that comes too late).
 
-use std::ops::Deref;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::{
-    settle_commit, state::TERMINAL_RETENTION_MS, Actor, Balance, Budget, CommitCmd, CommitResult,
-    Effect, Endpoint, ExtendCmd, ExtendResult, IdemKey, Outcome, Permission, Rejection, ReleaseCmd,
-    ReleaseResult, Reservation, ReservationStatus, StoredOutcome, TenantStatus,
+    settle_commit, state::TERMINAL_RETENTION_MS, Balance, Budget, BudgetKey, CommitResult, Effect,
+    Endpoint, ExtendResult, IdemKey, Permission, Rejection, ReleaseResult, Reservation,
+    ReservationStatus, TenantStatus, Unit,
 };
 
-use super::{Tx, DAY_MS};
+use super::{operation, Actor, Idempotency, Idempotent, Tx, DAY_MS};
+
+/// `POST /v1/reservations/{id}/commit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub actor: Actor,
+    pub idem: Idempotency,
+    pub reservation_id: String,
+    pub unit: Unit,
+    pub actual: i64,
+    pub metadata: Option<String>,
+}
+
+/// `POST /v1/reservations/{id}/release`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub actor: Actor,
+    pub idem: Idempotency,
+    pub reservation_id: String,
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/reservations/{id}/extend`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extend {
+    pub actor: Actor,
+    pub idem: Idempotency,
+    pub reservation_id: String,
+    pub extend_by_ms: i64,
+}
+
+/// An extension's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extended {
+    pub once: Idempotent<ExtendResult>,
+    /// Recomputed on every reply, replays included.
+    pub remaining_ttl_ms: i64,
+}
+
+operation!(Commit => Idempotent<CommitResult>, commit);
+operation!(Release => Idempotent<ReleaseResult>, release);
+operation!(Extend => Extended, extend);
 
 impl Tx<'_> {
     /// The reservation, if it exists and the caller may act on it (`None` caller = admin).
-    fn owned_reservation(
+    pub(crate) fn owned_reservation(
         &self,
         id: &str,
         caller_tenant: Option<&str>,
@@ -83,14 +125,10 @@ impl Tx<'_> {
     }
 
     /// Expires an ACTIVE reservation: its hold returns to every budget it was taken from.
-    /// `r` is let go before the state changes, so that a caller passing the state's own
-    /// `Arc` leaves it unshared and the state's copy is changed in place.
-    pub(crate) fn expire(&mut self, r: impl Deref<Target = Reservation>) -> Result<(), Rejection> {
-        self.return_hold(&r)?;
-        let reservation_id = r.reservation_id.clone();
-        drop(r);
+    fn expire(&mut self, r: &Reservation) -> Result<(), Rejection> {
+        self.return_hold(r)?;
         self.put(Effect::ExpireReservation {
-            reservation_id,
+            reservation_id: r.reservation_id.clone(),
             at_ms: self.now,
         });
         Ok(())
@@ -98,150 +136,107 @@ impl Tx<'_> {
 
     /// Refuses a settlement past the grace period, recording the expiry it discovered.
     fn refuse_if_lapsed(&mut self, r: &Reservation) -> Result<(), Rejection> {
-        if self.now > r.settle_deadline() {
-            self.expire(r)?;
-            return Err(Rejection::ReservationExpired(r.reservation_id.to_string()));
+        if self.now <= r.settle_deadline() {
+            return Ok(());
         }
-        Ok(())
+        let expired = Rejection::ReservationExpired(r.reservation_id.to_string());
+        Err(self.lapse(|tx| tx.expire(r), expired))
     }
 
-    pub(crate) fn commit(&mut self, cmd: CommitCmd) -> Result<Outcome, Rejection> {
+    /// The idempotency key of a settlement of `r` (`endpoint` names the reservation).
+    fn settlement_key(
+        r: &Reservation,
+        endpoint: fn(Arc<str>) -> Endpoint,
+        idem: &Idempotency,
+    ) -> Option<(IdemKey, [u8; 32])> {
+        let key = IdemKey {
+            tenant_id: r.tenant_id.clone(),
+            endpoint: endpoint(r.reservation_id.clone()),
+            key: idem.key.clone(),
+        };
+        Some((key, idem.fingerprint))
+    }
+
+    fn commit(&mut self, cmd: Commit) -> Result<Idempotent<CommitResult>, Rejection> {
         let caller = self.tenant_caller(&cmd.actor, Permission::ReservationsCommit)?;
         let r = self.owned_reservation(&cmd.reservation_id, Some(&caller.tenant_id))?;
-        let idem_key = IdemKey {
-            tenant_id: caller.tenant_id,
-            endpoint: Endpoint::Commit(r.reservation_id.clone()),
-            key: cmd.idem.key.clone(),
-        };
-        if let Some(stored) = self.replay(&idem_key, &cmd.idem.fingerprint)? {
-            let StoredOutcome::Commit(result) = stored else {
-                return Err(Rejection::IdempotencyMismatch);
+        let key = Self::settlement_key(&r, Endpoint::Commit, &cmd.idem);
+        self.once(key, |tx| {
+            tx.settleable(&r)?;
+            if cmd.unit != r.unit {
+                return Err(Rejection::UnitMismatch {
+                    message: format!(
+                        "Commit unit {} does not match the reservation's unit {}",
+                        cmd.unit.as_str(),
+                        r.unit.as_str()
+                    ),
+                    scope: None,
+                    requested: cmd.unit,
+                    expected: vec![r.unit],
+                });
+            }
+            tx.refuse_if_lapsed(&r)?;
+            let charge = settle_commit(
+                &tx.held_budgets(&r)?,
+                r.estimate,
+                cmd.actual,
+                r.overage_policy,
+            )?;
+            let result = CommitResult {
+                unit: r.unit,
+                charged: charge.charged,
+                released: (charge.charged < r.estimate).then(|| r.estimate - charge.charged),
+                balances: charge.budgets.iter().map(Balance::from).collect(),
             };
-            return Ok(Outcome::Committed {
-                result,
-                replayed: true,
-            });
-        }
-        self.settleable(&r)?;
-        if cmd.unit != r.unit {
-            return Err(Rejection::UnitMismatch {
-                message: format!(
-                    "Commit unit {} does not match the reservation's unit {}",
-                    cmd.unit.as_str(),
-                    r.unit.as_str()
-                ),
-                scope: None,
-                requested: cmd.unit,
-                expected: vec![r.unit],
-            });
-        }
-        self.refuse_if_lapsed(&r)?;
-        let charge = settle_commit(
-            &self.held_budgets(&r)?,
-            r.estimate,
-            cmd.actual,
-            r.overage_policy,
-        )?;
-        let result = CommitResult {
-            unit: r.unit,
-            charged: charge.charged,
-            released: (charge.charged < r.estimate).then(|| r.estimate - charge.charged),
-            balances: charge.budgets.iter().map(Balance::from).collect(),
-        };
-        self.put_budgets(charge.budgets)?;
-        let mut committed = r;
-        committed.status = ReservationStatus::Committed;
-        committed.charged = Some(charge.charged);
-        committed.finalized_at_ms = Some(self.now);
-        committed.committed_metadata = cmd.metadata;
-        self.put(Effect::PutReservation(Arc::new(committed)));
-        let result = self.remember_result(
-            idem_key,
-            cmd.idem.fingerprint,
-            result,
-            StoredOutcome::Commit,
-            TERMINAL_RETENTION_MS,
-        );
-        Ok(Outcome::Committed {
-            result,
-            replayed: false,
+            tx.put_budgets(charge.budgets)?;
+            let mut committed = r;
+            committed.status = ReservationStatus::Committed;
+            committed.charged = Some(charge.charged);
+            committed.finalized_at_ms = Some(tx.now);
+            committed.committed_metadata = cmd.metadata;
+            tx.put(Effect::PutReservation(Arc::new(committed)));
+            Ok((result, TERMINAL_RETENTION_MS))
         })
     }
 
-    pub(crate) fn release(&mut self, cmd: ReleaseCmd) -> Result<Outcome, Rejection> {
+    fn release(&mut self, cmd: Release) -> Result<Idempotent<ReleaseResult>, Rejection> {
         let caller = self.admin_or_tenant(&cmd.actor, Permission::ReservationsRelease)?;
         let r =
             self.owned_reservation(&cmd.reservation_id, caller.as_ref().map(|c| &*c.tenant_id))?;
-        let idem_key = IdemKey {
-            tenant_id: r.tenant_id.clone(),
-            endpoint: Endpoint::Release(r.reservation_id.clone()),
-            key: cmd.idem.key.clone(),
-        };
-        if let Some(stored) = self.replay(&idem_key, &cmd.idem.fingerprint)? {
-            let StoredOutcome::Release(result) = stored else {
-                return Err(Rejection::IdempotencyMismatch);
+        let key = Self::settlement_key(&r, Endpoint::Release, &cmd.idem);
+        self.once(key, |tx| {
+            tx.settleable(&r)?;
+            tx.refuse_if_lapsed(&r)?;
+            let result = ReleaseResult {
+                unit: r.unit,
+                released: r.estimate,
+                balances: tx.return_hold(&r)?,
             };
-            return Ok(Outcome::Released {
-                result,
-                replayed: true,
-            });
-        }
-        self.settleable(&r)?;
-        self.refuse_if_lapsed(&r)?;
-        let result = self.release_hold(r, cmd.reason)?;
-        let result = self.remember_result(
-            idem_key,
-            cmd.idem.fingerprint,
-            result,
-            StoredOutcome::Release,
-            TERMINAL_RETENTION_MS,
-        );
-        Ok(Outcome::Released {
-            result,
-            replayed: false,
+            tx.put(Effect::PutReservation(Arc::new(released(
+                r, tx.now, cmd.reason,
+            ))));
+            Ok((result, TERMINAL_RETENTION_MS))
         })
     }
 
-    /// Releases an ACTIVE reservation: its hold returns to every budget it was taken from.
-    pub(crate) fn release_hold(
-        &mut self,
-        r: Reservation,
-        reason: Option<String>,
-    ) -> Result<ReleaseResult, Rejection> {
-        let result = ReleaseResult {
-            unit: r.unit,
-            released: r.estimate,
-            balances: self.return_hold(&r)?,
-        };
-        let mut released = r;
-        released.status = ReservationStatus::Released;
-        released.finalized_at_ms = Some(self.now);
-        released.release_reason = reason;
-        self.put(Effect::PutReservation(Arc::new(released)));
-        Ok(result)
-    }
-
-    pub(crate) fn extend(&mut self, cmd: ExtendCmd) -> Result<Outcome, Rejection> {
+    fn extend(&mut self, cmd: Extend) -> Result<Extended, Rejection> {
         let caller = self.tenant_caller(&cmd.actor, Permission::ReservationsExtend)?;
         let r = self.owned_reservation(&cmd.reservation_id, Some(&caller.tenant_id))?;
-        let idem_key = IdemKey {
-            tenant_id: caller.tenant_id,
-            endpoint: Endpoint::Extend(r.reservation_id.clone()),
-            key: cmd.idem.key.clone(),
-        };
-        if let Some(stored) = self.replay(&idem_key, &cmd.idem.fingerprint)? {
-            let StoredOutcome::Extend(result) = stored else {
-                return Err(Rejection::IdempotencyMismatch);
-            };
-            let remaining_ttl_ms = r.remaining_ttl_ms(result.expires_at_ms, self.now);
-            return Ok(Outcome::Extended {
-                result,
-                remaining_ttl_ms,
-                replayed: true,
-            });
-        }
-        self.settleable(&r)?;
-        self.refuse_if_lapsed(&r)?;
+        let key = Self::settlement_key(&r, Endpoint::Extend, &cmd.idem);
+        let once = self.once(key, |tx| tx.extended(&r, cmd.extend_by_ms))?;
+        // The extension keeps the reservation ACTIVE, so its remaining time is the same
+        // whether computed from the reservation before or after it.
+        let remaining_ttl_ms = r.remaining_ttl_ms(once.result.expires_at_ms, self.now);
+        Ok(Extended {
+            once,
+            remaining_ttl_ms,
+        })
+    }
+
+    /// A fresh extension of `r` by `by_ms`, and how long its record is kept.
+    fn extended(&mut self, r: &Reservation, by_ms: i64) -> Result<(ExtendResult, i64), Rejection> {
+        self.settleable(r)?;
+        self.refuse_if_lapsed(r)?;
         if self.now > r.expires_at_ms {
             // Within grace a commit or release is still accepted, but the lease is over.
             return Err(Rejection::ReservationExpired(r.reservation_id.to_string()));
@@ -257,44 +252,78 @@ impl Tx<'_> {
         // maximum TTL from now (and never shrinks).
         let expires_at_ms = r
             .expires_at_ms
-            .saturating_add(cmd.extend_by_ms)
+            .saturating_add(by_ms)
             .min(self.now.saturating_add(max_ttl))
             .max(r.expires_at_ms);
         let result = ExtendResult {
             expires_at_ms,
-            balances: self.held_budgets(&r)?.iter().map(Balance::from).collect(),
+            balances: self.held_budgets(r)?.iter().map(Balance::from).collect(),
         };
-        let mut extended = r;
+        let mut extended = r.clone();
         extended.expires_at_ms = expires_at_ms;
         extended.extension_count += 1;
         let retention = (extended.settle_deadline() - self.now).max(DAY_MS);
-        let remaining_ttl_ms = extended.remaining_ttl_ms(expires_at_ms, self.now);
         self.put(Effect::PutReservation(Arc::new(extended)));
-        let result = self.remember_result(
-            idem_key,
-            cmd.idem.fingerprint,
-            result,
-            StoredOutcome::Extend,
-            retention,
-        );
-        Ok(Outcome::Extended {
-            result,
-            remaining_ttl_ms,
-            replayed: false,
-        })
+        Ok((result, retention))
+    }
+}
+
+/// `r` released at `now` (its hold is returned by the caller).
+pub(crate) fn released(mut r: Reservation, now: i64, reason: Option<String>) -> Reservation {
+    r.status = ReservationStatus::Released;
+    r.finalized_at_ms = Some(now);
+    r.release_reason = reason;
+    r
+}
+
+/// The running budgets of an operation that returns many holds (the expiry sweep, a
+/// tenant's close). Its effects are staged, not applied, so it cannot read back what it
+/// wrote: it keeps each budget as its earlier returns left it here, and stages each budget
+/// once at the end ([`Returns::into_budgets`]).
+#[derive(Default)]
+pub(crate) struct Returns {
+    budgets: BTreeMap<BudgetKey, Budget>,
+}
+
+impl Returns {
+    /// Returns `r`'s hold to every budget it was taken from: to all of them, or, if any
+    /// cannot take it back, to none.
+    pub(crate) fn take_back(&mut self, tx: &Tx<'_>, r: &Reservation) -> Result<(), Rejection> {
+        let mut held = Vec::with_capacity(r.budgeted_scopes.len());
+        for scope in r.budgeted_scopes.iter() {
+            let key = BudgetKey {
+                scope: scope.clone(),
+                unit: r.unit,
+            };
+            let mut budget = match self.budgets.get(&key) {
+                Some(b) => b.clone(),
+                None => tx.state.budget(&key).cloned().ok_or_else(|| {
+                    Rejection::Internal(format!(
+                        "reservation {} holds on a budget that does not exist",
+                        r.reservation_id
+                    ))
+                })?,
+            };
+            budget.unhold(r.estimate)?;
+            budget.check_invariant()?;
+            held.push((key, budget));
+        }
+        self.budgets.extend(held);
+        Ok(())
     }
 
-    pub(crate) fn get_reservation(
-        &mut self,
-        actor: &Actor,
-        id: &str,
-    ) -> Result<Outcome, Rejection> {
-        let caller = self.admin_or_tenant(actor, Permission::ReservationsList)?;
-        let mut r = self.owned_reservation(id, caller.as_ref().map(|c| &*c.tenant_id))?;
-        r.status = r.effective_status(self.now);
-        if r.status == ReservationStatus::Expired {
-            return Err(Rejection::ReservationExpired(id.to_string()));
-        }
-        Ok(Outcome::Reservation(Box::new(r)))
+    /// `b` as the returns so far left it.
+    pub(crate) fn current<'b>(&'b self, b: &'b Budget) -> &'b Budget {
+        self.budgets
+            .get(&BudgetKey {
+                scope: b.scope.clone(),
+                unit: b.unit,
+            })
+            .unwrap_or(b)
+    }
+
+    /// Every budget a return changed, in key order (so the effects are deterministic).
+    pub(crate) fn into_budgets(self) -> Vec<Budget> {
+        self.budgets.into_values().collect()
     }
 }

@@ -1,74 +1,82 @@
 //! Background maintenance: expiry of lapsed reservations and eviction past retention.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use crate::{state::Evictable, Effect, Rejection};
 
-use crate::{state::Evictable, Effect, Outcome, Unit};
+use super::lifecycle::Returns;
+use super::{operation, Tx};
 
-use super::Tx;
+/// Expire up to `limit` ACTIVE reservations whose grace has passed (returning their holds)
+/// and evict up to `limit` records whose retention has passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Maintain {
+    pub limit: usize,
+}
+
+/// What a maintenance pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Maintained {
+    pub expired: usize,
+    pub evicted: usize,
+}
+
+operation!(Maintain => Maintained, maintain);
 
 impl Tx<'_> {
-    /// Expires up to `limit` ACTIVE reservations whose grace has passed (returning their
-    /// holds) and evicts up to `limit` records whose retention has passed.
-    pub(crate) fn maintain(&mut self, limit: usize) -> Outcome {
-        let due: Vec<Arc<str>> = self
-            .state
+    fn maintain(&mut self, op: Maintain) -> Result<Maintained, Rejection> {
+        let expired = self.expire_due(op.limit)?;
+        let evicted = self.evict_stale(op.limit);
+        Ok(Maintained { expired, evicted })
+    }
+
+    /// Expires the due reservations, staging each changed budget once (a batch of expiries
+    /// on one shared budget would otherwise journal that budget once per reservation).
+    fn expire_due(&mut self, limit: usize) -> Result<usize, Rejection> {
+        let (state, now) = (self.state, self.now);
+        let due = state
             .expiry_index
             .iter()
-            .take_while(|(deadline, _)| *deadline < self.now)
-            .take(limit)
-            .map(|(_, id)| id.clone())
-            .collect();
+            .take_while(|(deadline, _)| *deadline < now)
+            .take(limit);
+        let mut returns = Returns::default();
         let mut expired = 0;
-        for id in due {
-            let Some(r) = self.state.reservations.get(&*id).cloned() else {
+        for (_, id) in due {
+            let Some(r) = state.reservations.get(&**id) else {
                 continue;
             };
             // A reservation whose budgets cannot take the hold back stays ACTIVE and is
             // reported by `cycles verify`; it must never be marked EXPIRED without a refund.
-            if self.expire(r).is_ok() {
+            if returns.take_back(self, r).is_ok() {
+                self.put(Effect::ExpireReservation {
+                    reservation_id: id.clone(),
+                    at_ms: now,
+                });
                 expired += 1;
             }
         }
-        self.coalesce_budget_writes();
-        let stale: Vec<Evictable> = self
-            .state
+        self.put_budgets(returns.into_budgets())?;
+        Ok(expired)
+    }
+
+    /// Evicts the records whose retention has passed.
+    fn evict_stale(&mut self, limit: usize) -> usize {
+        let (state, now) = (self.state, self.now);
+        let stale = state
             .retention_index
             .iter()
-            .take_while(|(at, _)| *at <= self.now)
-            .take(limit)
-            .map(|(_, item)| item.clone())
-            .collect();
-        let evicted = stale.len();
-        for item in stale {
+            .take_while(|(at, _)| *at <= now)
+            .take(limit);
+        let mut evicted = 0;
+        for (_, item) in stale {
             let effect = match item {
-                Evictable::Reservation(id) => Effect::RemoveReservation(id),
-                Evictable::Idempotency(arrival) => match self.state.idempotency.key_at(arrival) {
+                Evictable::Reservation(id) => Effect::RemoveReservation(id.clone()),
+                Evictable::Idempotency(arrival) => match state.idempotency.key_at(*arrival) {
                     Some(key) => Effect::RemoveIdempotency(key.clone()),
                     None => continue,
                 },
             };
             self.put(effect);
+            evicted += 1;
         }
-        Outcome::Maintained { expired, evicted }
-    }
-
-    /// Keeps only the last `PutBudget` of each budget among this command's effects. Each
-    /// one writes the whole budget, so a replay keeps the last and the earlier ones change
-    /// nothing; a batch of expiries on one shared budget would otherwise journal that
-    /// budget once per reservation.
-    fn coalesce_budget_writes(&mut self) {
-        let mut seen: HashSet<(&str, Unit)> = HashSet::new();
-        let keep: Vec<bool> = self
-            .effects
-            .iter()
-            .rev()
-            .map(|e| match e {
-                Effect::PutBudget(b) => seen.insert((&*b.scope, b.unit)),
-                _ => true,
-            })
-            .collect();
-        let mut keep = keep.into_iter().rev();
-        self.effects.retain(|_| keep.next().unwrap_or(true));
+        evicted
     }
 }

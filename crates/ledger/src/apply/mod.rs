@@ -1,121 +1,149 @@
-//! The state machine: `apply(&mut State, Command, now) -> Applied`.
+//! The state machine: `apply(&mut State, operation, now) -> Applied<output>`.
+//!
+//! Every operation is its own type with its own output ([`Operation`]), so a caller gets the
+//! result of exactly the operation it asked for. An operation runs against a read-only view
+//! of the state ([`Tx`]) and only *stages* its effects; [`apply`] writes them after the
+//! operation has succeeded. A refused operation therefore changes nothing, by construction —
+//! the one exception, made explicit, is an expiry discovered on the way ([`Tx::lapse`]).
 
-mod admin;
+mod admission;
+mod api_keys;
 mod auth;
+mod budgets;
+mod decide;
+mod events;
 mod lifecycle;
-mod list;
 mod maintain;
-mod policy;
+mod once;
+mod policies;
+mod reads;
 mod reserve;
+mod tenants;
 
 use std::sync::Arc;
 
-use crate::{
-    Budget, BudgetKey, Command, Effect, IdemKey, IdemRecord, Millis, Outcome, Rejection, State,
-    StoredOutcome,
+pub use api_keys::{CreateApiKey, NewApiKey, RevokeApiKey};
+pub use auth::{Actor, Authenticate, Principal};
+pub use budgets::{
+    BudgetListQuery, BudgetPatch, CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget,
+    NewBudget, SetBudgetFrozen, UpdateBudget,
 };
+pub use decide::Decide;
+pub use events::RecordEvent;
+pub use lifecycle::{Commit, Extend, Extended, Release};
+pub use maintain::{Maintain, Maintained};
+pub use once::{Idempotency, Idempotent};
+pub use policies::{
+    CreatePolicy, ListPolicies, NewPolicy, PolicyListQuery, PolicyPatch, UpdatePolicy,
+};
+pub use reads::{GetBalances, GetReservation, ListReservations, Page, ReservationPage};
+pub use reserve::{Reserve, Reserved};
+pub use tenants::{CreateTenant, GetTenant, NewTenant, TenantPatch, TenantWritten, UpdateTenant};
 
-/// What applying a command did: the reply, and the effects to make durable before it is
-/// sent. A refused command usually has no effects; the exception is a reservation found
-/// past its grace period, whose expiry is recorded even though the caller gets 410.
+use crate::{Budget, BudgetKey, Effect, Millis, Rejection, State};
+
+/// One operation of the state machine: its request is the implementing type, its answer
+/// [`Operation::Output`]. Implemented in this module tree only (sealed), each next to the
+/// rules it runs.
+pub trait Operation: sealed::Sealed + Send + 'static {
+    type Output: std::fmt::Debug + PartialEq + Send + 'static;
+
+    /// Decides the operation against `tx`'s view of the state, staging its effects.
+    fn run(self, tx: &mut Tx<'_>) -> Result<Self::Output, Rejection>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Implements [`Operation`] for `$op` by a method of [`Tx`].
+macro_rules! operation {
+    ($op:ty => $output:ty, $method:ident) => {
+        impl $crate::apply::sealed::Sealed for $op {}
+        impl $crate::apply::Operation for $op {
+            type Output = $output;
+            fn run(
+                self,
+                tx: &mut $crate::apply::Tx<'_>,
+            ) -> Result<Self::Output, $crate::Rejection> {
+                tx.$method(self)
+            }
+        }
+    };
+}
+pub(crate) use operation;
+
+/// What applying an operation did: the reply, and the effects to make durable before it is
+/// sent (already applied to the state). A refused operation has no effects, except the
+/// expiry of a reservation found past its grace period ([`Tx::lapse`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Applied {
-    pub result: Result<Outcome, Rejection>,
+pub struct Applied<T> {
+    pub result: Result<T, Rejection>,
     pub effects: Vec<Effect>,
     /// The caller's effective tenant, once known (for the `X-Cycles-Tenant` header).
     pub tenant: Option<Arc<str>>,
 }
 
-/// Applies one command at time `now`. Deterministic: no clock, no randomness, no I/O.
-pub fn apply(state: &mut State, command: Command, now: Millis) -> Applied {
+/// Applies one operation at time `now`. Deterministic: no clock, no randomness, no I/O.
+pub fn apply<O: Operation>(state: &mut State, operation: O, now: Millis) -> Applied<O::Output> {
     let mut tx = Tx {
         state,
-        effects: Vec::new(),
+        staged: Vec::new(),
+        lapsed: Vec::new(),
         tenant: None,
         now,
     };
-    let result = tx.dispatch(command);
+    let result = operation.run(&mut tx);
+    let Tx {
+        staged,
+        lapsed,
+        tenant,
+        ..
+    } = tx;
+    let effects = match &result {
+        Ok(_) => {
+            assert!(
+                lapsed.is_empty(),
+                "invariant: an operation that records a lapsed reservation refuses"
+            );
+            staged
+        }
+        // The staged effects of a refused operation are dropped unapplied: all or nothing.
+        Err(_) => lapsed,
+    };
+    for effect in &effects {
+        state.apply_effect(effect);
+    }
     Applied {
         result,
-        effects: tx.effects,
-        tenant: tx.tenant,
+        effects,
+        tenant,
     }
 }
 
-/// One command's view of the state: reads go straight to it, writes go through [`Tx::put`].
-pub(crate) struct Tx<'a> {
-    pub(crate) state: &'a mut State,
-    effects: Vec<Effect>,
+/// One operation's view of the state. Reads go to the state as it was before the operation
+/// (the view is shared, so nothing can change it); writes are staged by [`Tx::put`] and
+/// applied by [`apply`] only if the operation succeeds. An operation that writes the same
+/// record twice must therefore carry its own running copy (see the tenant close and the
+/// expiry sweep), never read back what it staged.
+pub struct Tx<'a> {
+    pub(crate) state: &'a State,
+    staged: Vec<Effect>,
+    /// The expiry of a reservation found past its grace, kept even though the operation
+    /// that found it is refused (410).
+    lapsed: Vec<Effect>,
     pub(crate) tenant: Option<Arc<str>>,
     pub(crate) now: Millis,
 }
 
 impl Tx<'_> {
-    fn dispatch(&mut self, command: Command) -> Result<Outcome, Rejection> {
-        match command {
-            Command::Authenticate(actor) => self.authenticate(&actor).map(Outcome::Authenticated),
-            Command::Reserve(c) => self.reserve(c),
-            Command::Decide(c) => self.decide(c),
-            Command::Event(c) => self.event(c),
-            Command::Commit(c) => self.commit(c),
-            Command::Release(c) => self.release(c),
-            Command::Extend(c) => self.extend(c),
-            Command::GetReservation {
-                actor,
-                reservation_id,
-            } => self.get_reservation(&actor, &reservation_id),
-            Command::Balances(q) => self.balances(q),
-            Command::ListReservations(q) => self.list_reservations(q),
-            Command::CreateTenant { actor, tenant } => self.create_tenant(&actor, tenant),
-            Command::GetTenant { actor, tenant_id } => self.get_tenant(&actor, &tenant_id),
-            Command::UpdateTenant {
-                actor,
-                tenant_id,
-                patch,
-            } => self.update_tenant(&actor, &tenant_id, patch),
-            Command::CreateApiKey { actor, key } => self.create_api_key(&actor, key),
-            Command::RevokeApiKey {
-                actor,
-                key_id,
-                reason,
-            } => self.revoke_api_key(&actor, &key_id, reason),
-            Command::CreateBudget { actor, budget } => self.create_budget(&actor, budget),
-            Command::ListBudgets { actor, query } => self.list_budgets(&actor, query),
-            Command::LookupBudget { actor, scope, unit } => {
-                self.lookup_budget(&actor, &scope, unit)
-            }
-            Command::FundBudget { actor, fund } => self.fund_budget(&actor, fund),
-            Command::UpdateBudget {
-                actor,
-                scope,
-                unit,
-                patch,
-            } => self.update_budget(&actor, &scope, unit, patch),
-            Command::SetBudgetFrozen {
-                actor,
-                scope,
-                unit,
-                frozen,
-            } => self.set_budget_frozen(&actor, &scope, unit, frozen),
-            Command::CreatePolicy { actor, policy } => self.create_policy(&actor, policy),
-            Command::ListPolicies { actor, query } => self.list_policies(&actor, query),
-            Command::UpdatePolicy {
-                actor,
-                policy_id,
-                patch,
-            } => self.update_policy(&actor, &policy_id, patch),
-            Command::Maintain { limit } => Ok(self.maintain(limit)),
-        }
-    }
-
-    /// Records an effect and applies it at once, so later reads in this command see it.
+    /// Stages an effect, applied when the operation succeeds.
     pub(crate) fn put(&mut self, effect: Effect) {
-        self.state.apply_effect(&effect);
-        self.effects.push(effect);
+        self.staged.push(effect);
     }
 
-    /// Writes budgets after checking the ledger invariant on every one of them: either all
-    /// are written or, if any is broken, none is.
+    /// Stages budget writes after checking the ledger invariant on every one of them: either
+    /// all are written or, if any is broken, the operation is refused.
     pub(crate) fn put_budgets(&mut self, budgets: Vec<Budget>) -> Result<(), Rejection> {
         for b in &budgets {
             b.check_invariant()?;
@@ -127,53 +155,21 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// The stored outcome for an idempotency key, if a live record exists. The same key with
-    /// a different payload is a mismatch.
-    pub(crate) fn replay(
-        &self,
-        key: &IdemKey,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<StoredOutcome>, Rejection> {
-        match self.state.idempotency.get(key) {
-            Some(rec) if rec.expires_at_ms > self.now => {
-                if &rec.fingerprint == fingerprint {
-                    Ok(Some(rec.outcome.clone()))
-                } else {
-                    Err(Rejection::IdempotencyMismatch)
-                }
+    /// Stages what `expire` stages (the expiry of a reservation found past its grace) to be
+    /// kept whatever the operation answers, and returns `refusal`, its answer (410).
+    pub(crate) fn lapse(
+        &mut self,
+        expire: impl FnOnce(&mut Self) -> Result<(), Rejection>,
+        refusal: Rejection,
+    ) -> Rejection {
+        let mark = self.staged.len();
+        match expire(self) {
+            Ok(()) => {
+                self.lapsed = self.staged.split_off(mark);
+                refusal
             }
-            _ => Ok(None),
+            Err(broken) => broken,
         }
-    }
-
-    pub(crate) fn remember(
-        &mut self,
-        key: IdemKey,
-        fingerprint: [u8; 32],
-        outcome: StoredOutcome,
-        retention_ms: Millis,
-    ) {
-        let record = IdemRecord {
-            fingerprint,
-            outcome,
-            expires_at_ms: self.now.saturating_add(retention_ms),
-        };
-        self.put(Effect::PutIdempotency(Arc::new(key), Arc::new(record)));
-    }
-
-    /// Remembers a command's `result` as `stored` makes it a replayable outcome, and returns
-    /// it shared with the record: the reply is rendered from the same allocation.
-    pub(crate) fn remember_result<T>(
-        &mut self,
-        key: IdemKey,
-        fingerprint: [u8; 32],
-        result: T,
-        stored: fn(Arc<T>) -> StoredOutcome,
-        retention_ms: Millis,
-    ) -> Arc<T> {
-        let result = Arc::new(result);
-        self.remember(key, fingerprint, stored(result.clone()), retention_ms);
-        result
     }
 
     /// The budgets of `scopes` in `unit`, in the given order, skipping scopes without one.

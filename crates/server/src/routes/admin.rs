@@ -5,7 +5,11 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
-use ledger::{Actor, BudgetListQuery, BudgetStatus, Command, Outcome, Unit};
+use ledger::{
+    Actor, Budget, BudgetListQuery, BudgetStatus, CreateApiKey, CreateBudget, CreateTenant,
+    FundBudget, GetTenant, ListBudgets, LookupBudget, RevokeApiKey, SetBudgetFrozen, Tenant,
+    TenantWritten, Unit, UpdateBudget, UpdateTenant,
+};
 use protocol::admin::{
     parse_unit_param, required_param, ApiKeyCreateRequest, ApiKeyCreateResponse, ApiKeyResponse,
     BudgetCreateRequest, BudgetFundingRequest, BudgetFundingResponse, BudgetLedger,
@@ -20,7 +24,7 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::ids;
 use crate::query::Query;
-use crate::reply::{budget_position, json, next_cursor, tenant_json, unexpected, Answer, Failure};
+use crate::reply::{budget_position, json, next_cursor, tenant_json, Answer, Failure};
 
 async fn body<T: DeserializeOwned + Validate>(
     app: &App,
@@ -43,22 +47,11 @@ async fn optional_body<T: DeserializeOwned + Validate + Default>(
     body(app, actor, bytes).await
 }
 
-fn tenant_answer(outcome: Outcome, created_status: StatusCode) -> Answer {
-    let Outcome::Tenant { tenant, created } = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    let status = if created {
-        created_status
-    } else {
-        StatusCode::OK
-    };
-    Ok(json(status, &TenantResponse::from(tenant)))
+fn tenant_answer(tenant: Tenant) -> Answer {
+    Ok(json(StatusCode::OK, &TenantResponse::from(tenant)))
 }
 
-fn budget_answer(outcome: Outcome, status: StatusCode, tenant: Option<Arc<str>>) -> Answer {
-    let Outcome::Budget(budget) = outcome else {
-        return Err(unexpected(&outcome));
-    };
+fn budget_answer(budget: Budget, status: StatusCode, tenant: Option<Arc<str>>) -> Answer {
     tenant_json(status, &BudgetLedger::from(budget), tenant)
 }
 
@@ -69,12 +62,17 @@ pub async fn create_tenant(
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
     let request: TenantCreateRequest = body(&app, &actor, &bytes).await?;
-    let command = Command::CreateTenant {
+    let operation = CreateTenant {
         actor,
         tenant: request.into_new(),
     };
-    let (outcome, _) = app.run(command, Plane::Admin).await?;
-    tenant_answer(outcome, StatusCode::CREATED)
+    let (TenantWritten { tenant, created }, _) = app.run(operation, Plane::Admin).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json(status, &TenantResponse::from(tenant)))
 }
 
 pub async fn get_tenant(
@@ -83,16 +81,12 @@ pub async fn get_tenant(
     Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
-    let (outcome, _) = app
-        .run(
-            Command::GetTenant {
-                actor,
-                tenant_id: id,
-            },
-            Plane::Admin,
-        )
-        .await?;
-    tenant_answer(outcome, StatusCode::OK)
+    let operation = GetTenant {
+        actor,
+        tenant_id: id,
+    };
+    let (tenant, _) = app.run(operation, Plane::Admin).await?;
+    tenant_answer(tenant)
 }
 
 pub async fn update_tenant(
@@ -103,13 +97,13 @@ pub async fn update_tenant(
 ) -> Answer {
     let actor = auth::admin(&app, &headers)?;
     let request: TenantUpdateRequest = body(&app, &actor, &bytes).await?;
-    let command = Command::UpdateTenant {
+    let operation = UpdateTenant {
         actor,
         tenant_id: id,
         patch: request.into_patch(),
     };
-    let (outcome, _) = app.run(command, Plane::Admin).await?;
-    tenant_answer(outcome, StatusCode::OK)
+    let (tenant, _) = app.run(operation, Plane::Admin).await?;
+    tenant_answer(tenant)
 }
 
 pub async fn create_api_key(
@@ -121,14 +115,11 @@ pub async fn create_api_key(
     let request: ApiKeyCreateRequest = body(&app, &actor, &bytes).await?;
     let secret = ids::new_key_secret();
     let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
-    let command = Command::CreateApiKey {
+    let operation = CreateApiKey {
         actor,
         key: request.into_new(ids::key_id(), &secret, digest),
     };
-    let (outcome, _) = app.run(command, Plane::Admin).await?;
-    let Outcome::ApiKey(key) = outcome else {
-        return Err(unexpected(&outcome));
-    };
+    let (key, _) = app.run(operation, Plane::Admin).await?;
     Ok(json(
         StatusCode::CREATED,
         &ApiKeyCreateResponse::new(key, secret),
@@ -148,15 +139,12 @@ pub async fn revoke_api_key(
     if reason.as_ref().is_some_and(|r| r.chars().count() > 512) {
         return Err(ApiError::invalid("reason: must be at most 512 characters").into());
     }
-    let command = Command::RevokeApiKey {
+    let operation = RevokeApiKey {
         actor,
         key_id: id,
         reason,
     };
-    let (outcome, _) = app.run(command, Plane::Admin).await?;
-    let Outcome::ApiKey(key) = outcome else {
-        return Err(unexpected(&outcome));
-    };
+    let (key, _) = app.run(operation, Plane::Admin).await?;
     let now = key.revoked_at_ms.unwrap_or(key.created_at_ms);
     Ok(json(StatusCode::OK, &ApiKeyResponse::new(key, now)))
 }
@@ -168,12 +156,12 @@ pub async fn create_budget(
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let request: BudgetCreateRequest = body(&app, &actor, &bytes).await?;
-    let command = Command::CreateBudget {
+    let operation = CreateBudget {
         actor,
         budget: request.into_new(ids::ledger_id()),
     };
-    let (outcome, tenant) = app.run(command, Plane::Admin).await?;
-    budget_answer(outcome, StatusCode::CREATED, tenant)
+    let (budget, tenant) = app.run(operation, Plane::Admin).await?;
+    budget_answer(budget, StatusCode::CREATED, tenant)
 }
 
 fn list_query(q: &Query) -> Result<BudgetListQuery, ApiError> {
@@ -207,20 +195,17 @@ pub async fn list_budgets(
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
-    let command = |query| Command::ListBudgets {
+    let operation = |query| ListBudgets {
         actor: actor.clone(),
         query,
     };
-    let (outcome, tenant) = app
-        .run_parsed(&actor, Plane::Admin, || list_query(&q), command)
+    let (page, tenant) = app
+        .run_parsed(&actor, Plane::Admin, || list_query(&q), operation)
         .await?;
-    let Outcome::Budgets { budgets, has_more } = outcome else {
-        return Err(unexpected(&outcome));
-    };
     let response = BudgetListResponse {
-        next_cursor: next_cursor(has_more, &budgets, budget_position),
-        ledgers: budgets.into_iter().map(BudgetLedger::from).collect(),
-        has_more,
+        next_cursor: next_cursor(page.has_more, &page.items, budget_position),
+        ledgers: page.items.into_iter().map(BudgetLedger::from).collect(),
+        has_more: page.has_more,
     };
     tenant_json(StatusCode::OK, &response, tenant)
 }
@@ -242,10 +227,10 @@ pub async fn lookup_budget(
     let (scope, unit) = app
         .validated(&actor, Plane::Admin, || budget_address(&q))
         .await?;
-    let (outcome, tenant) = app
-        .run(Command::LookupBudget { actor, scope, unit }, Plane::Admin)
+    let (budget, tenant) = app
+        .run(LookupBudget { actor, scope, unit }, Plane::Admin)
         .await?;
-    budget_answer(outcome, StatusCode::OK, tenant)
+    budget_answer(budget, StatusCode::OK, tenant)
 }
 
 pub async fn fund_budget(
@@ -263,17 +248,9 @@ pub async fn fund_budget(
             request.into_command(q.get("tenant_id").map(str::to_string), scope, unit)
         })
         .await?;
-    let (outcome, tenant) = app
-        .run(Command::FundBudget { actor, fund }, Plane::Admin)
-        .await?;
-    let Outcome::Funded { result, .. } = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    tenant_json(
-        StatusCode::OK,
-        &BudgetFundingResponse::from(&*result),
-        tenant,
-    )
+    let (funded, tenant) = app.run(FundBudget { actor, fund }, Plane::Admin).await?;
+    let response = BudgetFundingResponse::from(&*funded.result);
+    tenant_json(StatusCode::OK, &response, tenant)
 }
 
 pub async fn update_budget(
@@ -291,14 +268,14 @@ pub async fn update_budget(
             Ok((scope, unit, request.into_patch(unit)?))
         })
         .await?;
-    let command = Command::UpdateBudget {
+    let operation = UpdateBudget {
         actor,
         scope,
         unit,
         patch,
     };
-    let (outcome, _) = app.run(command, Plane::Admin).await?;
-    budget_answer(outcome, StatusCode::OK, None)
+    let (budget, _) = app.run(operation, Plane::Admin).await?;
+    budget_answer(budget, StatusCode::OK, None)
 }
 
 async fn set_frozen(
@@ -314,14 +291,14 @@ async fn set_frozen(
         .validated(&actor, Plane::Admin, || budget_address(&q))
         .await?;
     let _: BudgetStatusTransitionRequest = optional_body(app, &actor, bytes).await?;
-    let command = Command::SetBudgetFrozen {
+    let operation = SetBudgetFrozen {
         actor,
         scope,
         unit,
         frozen,
     };
-    let (outcome, _) = app.run(command, Plane::Admin).await?;
-    budget_answer(outcome, StatusCode::OK, None)
+    let (budget, _) = app.run(operation, Plane::Admin).await?;
+    budget_answer(budget, StatusCode::OK, None)
 }
 
 pub async fn freeze_budget(

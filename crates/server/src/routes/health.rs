@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
+use store::Store;
 
 use crate::app::App;
 use crate::reply::json;

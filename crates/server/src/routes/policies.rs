@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
-use ledger::{Command, Outcome, PolicyListQuery, PolicyStatus};
+use ledger::{CreatePolicy, ListPolicies, Policy, PolicyListQuery, PolicyStatus, UpdatePolicy};
 use protocol::policy::{
     PolicyCreateRequest, PolicyListResponse, PolicyResponse, PolicyUpdateRequest,
 };
@@ -15,12 +15,9 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::ids;
 use crate::query::Query;
-use crate::reply::{next_cursor, tenant_json, unexpected, Answer};
+use crate::reply::{next_cursor, tenant_json, Answer};
 
-fn policy_answer(outcome: Outcome, status: StatusCode, tenant: Option<Arc<str>>) -> Answer {
-    let Outcome::Policy(policy) = outcome else {
-        return Err(unexpected(&outcome));
-    };
+fn policy_answer(policy: Policy, status: StatusCode, tenant: Option<Arc<str>>) -> Answer {
     tenant_json(status, &PolicyResponse::from(policy), tenant)
 }
 
@@ -33,12 +30,12 @@ pub async fn create_policy(
     let request: PolicyCreateRequest = app
         .validated(&actor, Plane::Admin, || parse_body(&bytes))
         .await?;
-    let command = Command::CreatePolicy {
+    let operation = CreatePolicy {
         actor,
         policy: request.into_new(ids::policy_id()),
     };
-    let (outcome, tenant) = app.run(command, Plane::Admin).await?;
-    policy_answer(outcome, StatusCode::CREATED, tenant)
+    let (policy, tenant) = app.run(operation, Plane::Admin).await?;
+    policy_answer(policy, StatusCode::CREATED, tenant)
 }
 
 fn list_query(q: &Query) -> Result<PolicyListQuery, ApiError> {
@@ -64,20 +61,17 @@ pub async fn list_policies(
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
     let q = Query::parse(raw.as_deref());
-    let command = |query| Command::ListPolicies {
+    let operation = |query| ListPolicies {
         actor: actor.clone(),
         query,
     };
-    let (outcome, tenant) = app
-        .run_parsed(&actor, Plane::Admin, || list_query(&q), command)
+    let (page, tenant) = app
+        .run_parsed(&actor, Plane::Admin, || list_query(&q), operation)
         .await?;
-    let Outcome::Policies { policies, has_more } = outcome else {
-        return Err(unexpected(&outcome));
-    };
     let response = PolicyListResponse {
-        next_cursor: next_cursor(has_more, &policies, |p| p.policy_id.clone()),
-        policies: policies.into_iter().map(PolicyResponse::from).collect(),
-        has_more,
+        next_cursor: next_cursor(page.has_more, &page.items, |p| p.policy_id.clone()),
+        policies: page.items.into_iter().map(PolicyResponse::from).collect(),
+        has_more: page.has_more,
     };
     tenant_json(StatusCode::OK, &response, tenant)
 }
@@ -92,11 +86,11 @@ pub async fn update_policy(
     let request: PolicyUpdateRequest = app
         .validated(&actor, Plane::Admin, || parse_body(&bytes))
         .await?;
-    let command = Command::UpdatePolicy {
+    let operation = UpdatePolicy {
         actor,
         policy_id: id,
         patch: request.into_patch(),
     };
-    let (outcome, tenant) = app.run(command, Plane::Admin).await?;
-    policy_answer(outcome, StatusCode::OK, tenant)
+    let (policy, tenant) = app.run(operation, Plane::Admin).await?;
+    policy_answer(policy, StatusCode::OK, tenant)
 }

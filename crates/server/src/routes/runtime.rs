@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
-use ledger::{Actor, BalanceQuery, Command, Outcome, SCOPE_LEVELS};
+use ledger::{Actor, GetBalances, GetReservation, Operation, SCOPE_LEVELS};
 use protocol::listing::{
     encode_list_cursor, parse_list_query, Include, ReservationListResponse, ReservationSummary,
 };
@@ -25,8 +25,7 @@ use crate::auth::{self, Headers};
 use crate::ids;
 use crate::query::Query;
 use crate::reply::{
-    budget_position, json, next_cursor, tenant_json, unexpected, with_date, with_tenant, Answer,
-    Failure,
+    budget_position, json, next_cursor, tenant_json, with_date, with_tenant, Answer, Failure,
 };
 
 const IDEMPOTENCY_HEADER: &str = "x-idempotency-key";
@@ -82,38 +81,30 @@ pub async fn create_reservation(
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: ReservationCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;
-    let command = request.into_command(actor, ids::reservation_id());
-    let (outcome, tenant) = app.run(Command::Reserve(command), Plane::Runtime).await?;
-    let Outcome::Reserved {
-        result,
-        remaining_ttl_ms,
-        ..
-    } = outcome
-    else {
-        return Err(unexpected(&outcome));
-    };
+    let operation = request.into_command(actor, ids::reservation_id());
+    let (reserved, tenant) = app.run(operation, Plane::Runtime).await?;
     let response = json(
         StatusCode::OK,
-        &ReservationCreateResponse::new(&result, remaining_ttl_ms),
+        &ReservationCreateResponse::new(&reserved.once.result, reserved.remaining_ttl_ms),
     );
     Ok(with_date(with_tenant(response, tenant.as_deref())))
 }
 
-/// Parses an idempotent body for the reservation named in the path and runs the command
+/// Parses an idempotent body for the reservation named in the path and runs the operation
 /// it becomes.
-async fn on_reservation<T: DeserializeOwned + Validate + Keyed>(
+async fn on_reservation<T: DeserializeOwned + Validate + Keyed, O: Operation>(
     app: &App,
     actor: Actor,
     id: &str,
     headers: &HeaderMap,
     body: &Bytes,
-    command: impl FnOnce(T, Actor, String) -> Command,
-) -> Result<(Outcome, Option<Arc<str>>), Failure> {
+    operation: impl FnOnce(T, Actor, String) -> O,
+) -> Result<(O::Output, Option<Arc<str>>), Failure> {
     let request: T = keyed_body(app, &actor, headers, body).await?;
     let id = app
         .validated(&actor, Plane::Runtime, || reservation_path(id))
         .await?;
-    app.run(command(request, actor, id), Plane::Runtime).await
+    app.run(operation(request, actor, id), Plane::Runtime).await
 }
 
 pub async fn commit(
@@ -123,19 +114,17 @@ pub async fn commit(
     body: Bytes,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
-    let (outcome, tenant) = on_reservation(
+    let (committed, tenant) = on_reservation(
         &app,
         actor,
         &id,
         &headers,
         &body,
-        |r: CommitRequest, a, id| Command::Commit(r.into_command(a, id)),
+        CommitRequest::into_command,
     )
     .await?;
-    let Outcome::Committed { result, .. } = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    tenant_json(StatusCode::OK, &CommitResponse::from(&*result), tenant)
+    let response = CommitResponse::from(&*committed.result);
+    tenant_json(StatusCode::OK, &response, tenant)
 }
 
 pub async fn release(
@@ -145,19 +134,17 @@ pub async fn release(
     body: Bytes,
 ) -> Answer {
     let actor = auth::admin_or_tenant(&app, &headers)?;
-    let (outcome, tenant) = on_reservation(
+    let (released, tenant) = on_reservation(
         &app,
         actor,
         &id,
         &headers,
         &body,
-        |r: ReleaseRequest, a, id| Command::Release(r.into_command(a, id)),
+        ReleaseRequest::into_command,
     )
     .await?;
-    let Outcome::Released { result, .. } = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    tenant_json(StatusCode::OK, &ReleaseResponse::from(&*result), tenant)
+    let response = ReleaseResponse::from(&*released.result);
+    tenant_json(StatusCode::OK, &response, tenant)
 }
 
 pub async fn extend(
@@ -167,37 +154,28 @@ pub async fn extend(
     body: Bytes,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
-    let (outcome, tenant) = on_reservation(
+    let (extended, tenant) = on_reservation(
         &app,
         actor,
         &id,
         &headers,
         &body,
-        |r: ReservationExtendRequest, a, id| Command::Extend(r.into_command(a, id)),
+        ReservationExtendRequest::into_command,
     )
     .await?;
-    let Outcome::Extended {
-        result,
-        remaining_ttl_ms,
-        ..
-    } = outcome
-    else {
-        return Err(unexpected(&outcome));
-    };
-    let response = ReservationExtendResponse::new(&result, remaining_ttl_ms);
+    let response = ReservationExtendResponse::new(&extended.once.result, extended.remaining_ttl_ms);
     tenant_json(StatusCode::OK, &response, tenant).map(with_date)
 }
 
 pub async fn decide(State(app): State<Arc<App>>, Headers(headers): Headers, body: Bytes) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: DecisionRequest = keyed_body(&app, &actor, &headers, &body).await?;
-    let (outcome, tenant) = app
-        .run(Command::Decide(request.into_command(actor)), Plane::Runtime)
-        .await?;
-    let Outcome::Decided { result, .. } = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    tenant_json(StatusCode::OK, &DecisionResponse::from(&*result), tenant)
+    let (decided, tenant) = app.run(request.into_command(actor), Plane::Runtime).await?;
+    tenant_json(
+        StatusCode::OK,
+        &DecisionResponse::from(&*decided.result),
+        tenant,
+    )
 }
 
 pub async fn create_event(
@@ -207,16 +185,10 @@ pub async fn create_event(
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: EventCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;
-    let command = request.into_command(actor, ids::event_id());
-    let (outcome, tenant) = app.run(Command::Event(command), Plane::Runtime).await?;
-    let Outcome::EventApplied { result, .. } = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    tenant_json(
-        StatusCode::CREATED,
-        &EventCreateResponse::from(&*result),
-        tenant,
-    )
+    let operation = request.into_command(actor, ids::event_id());
+    let (recorded, tenant) = app.run(operation, Plane::Runtime).await?;
+    let response = EventCreateResponse::from(&*recorded.result);
+    tenant_json(StatusCode::CREATED, &response, tenant)
 }
 
 pub async fn get_reservation(
@@ -228,19 +200,16 @@ pub async fn get_reservation(
     let id = app
         .validated(&actor, Plane::Runtime, || reservation_path(&id))
         .await?;
-    let command = Command::GetReservation {
+    let operation = GetReservation {
         actor,
         reservation_id: id,
     };
-    let (outcome, tenant) = app.run(command, Plane::Runtime).await?;
-    let Outcome::Reservation(r) = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    tenant_json(StatusCode::OK, &ReservationDetail::from(r.as_ref()), tenant)
+    let (r, tenant) = app.run(operation, Plane::Runtime).await?;
+    tenant_json(StatusCode::OK, &ReservationDetail::from(&r), tenant)
 }
 
 /// Parses the balance filters: at least one subject level is required.
-fn balance_query(actor: Actor, q: &Query) -> Result<BalanceQuery, ApiError> {
+fn balance_query(actor: Actor, q: &Query) -> Result<GetBalances, ApiError> {
     let filters: Vec<(&'static str, String)> = SCOPE_LEVELS[1..]
         .iter()
         .filter_map(|level| q.get(level).map(|v| (*level, v.to_lowercase())))
@@ -252,7 +221,7 @@ fn balance_query(actor: Actor, q: &Query) -> Result<BalanceQuery, ApiError> {
         ));
     }
     q.bool("include_children")?;
-    Ok(BalanceQuery {
+    Ok(GetBalances {
         actor,
         tenant,
         filters,
@@ -269,17 +238,13 @@ pub async fn balances(
     let actor = auth::tenant(&headers)?;
     let q = Query::parse(raw.as_deref());
     let parse = || balance_query(actor.clone(), &q);
-    let (outcome, tenant) = app
-        .run_parsed(&actor, Plane::Runtime, parse, Command::Balances)
-        .await?;
-    let Outcome::Balances { budgets, has_more } = outcome else {
-        return Err(unexpected(&outcome));
-    };
-    let amounts: Vec<ledger::Balance> = budgets.iter().map(ledger::Balance::from).collect();
+    let query = app.validated(&actor, Plane::Runtime, parse).await?;
+    let (page, tenant) = app.run(query, Plane::Runtime).await?;
+    let amounts: Vec<ledger::Balance> = page.items.iter().map(ledger::Balance::from).collect();
     let response = BalanceResponse {
         balances: amounts.iter().map(Balance::from).collect(),
-        next_cursor: next_cursor(has_more, &budgets, budget_position),
-        has_more,
+        next_cursor: next_cursor(page.has_more, &page.items, budget_position),
+        has_more: page.has_more,
     };
     tenant_json(StatusCode::OK, &response, tenant)
 }
@@ -298,12 +263,8 @@ pub async fn list_reservations(
         })
         .await?;
     let cursor_query = query.clone();
-    let (outcome, tenant) = app
-        .run(Command::ListReservations(query), Plane::Runtime)
-        .await?;
-    let Outcome::Reservations { rows, next } = outcome else {
-        return Err(unexpected(&outcome));
-    };
+    let (page, tenant) = app.run(query, Plane::Runtime).await?;
+    let (rows, next) = (page.rows, page.next);
     let include = Include::parse(q.get("include"));
     let response = ReservationListResponse {
         reservations: rows

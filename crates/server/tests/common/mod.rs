@@ -106,10 +106,10 @@ impl TestServer {
     pub async fn start_with(engine: Engine, rate_limit: Option<server::RateLimit>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(ManualClock::new(T0));
-        let store: Arc<dyn store::Store> = match engine {
+        let store: store::Engine = match engine {
             Engine::Embedded => {
                 let config = EmbeddedConfig::new(dir.path(), Durability::Strict, clock.clone());
-                Arc::new(EmbeddedStore::open(config).expect("open store").0)
+                EmbeddedStore::open(config).expect("open store").0.into()
             }
         };
         let options = ServerOptions {

@@ -28,7 +28,7 @@ use std::task::{Context, Poll};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
-use ledger::{apply, Command, State};
+use ledger::{apply, Operation, State};
 
 use super::journal::{encode_record, JournalRecord, JournalWriter, HEADER_LEN};
 use super::snapshot;
@@ -116,11 +116,11 @@ impl Shared {
     /// Applies a command and returns its reply with the journal sequence number that must be
     /// durable before the reply may be sent (`None`: nothing to wait for). `wake_syncer` is
     /// false when the caller holds the journal and runs the round itself.
-    pub fn apply(
+    pub fn apply<O: Operation>(
         &self,
-        command: Command,
+        operation: O,
         wake_syncer: bool,
-    ) -> Result<(Reply, Option<u64>), StoreError> {
+    ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
         let mut ledger = lock(&self.ledger)?;
         if ledger.closed {
             return Err(StoreError::ShuttingDown);
@@ -130,7 +130,7 @@ impl Shared {
         }
         let now = self.clock.now_ms().max(ledger.last_now);
         ledger.last_now = now;
-        let applied = apply(&mut ledger.state, command, now);
+        let applied = apply(&mut ledger.state, operation, now);
         if ledger.journaled && !applied.effects.is_empty() {
             let record = JournalRecord {
                 seq: ledger.next_seq,

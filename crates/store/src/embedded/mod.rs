@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 
-use ledger::{Command, State};
+use ledger::{Operation, State};
 
-use crate::{BoxFuture, Clock, Health, Load, Metric, Reply, Store, StoreError};
+use crate::{Clock, Health, Load, Metric, Reply, Store, StoreError};
 use commit::{Counters, Ledger, Shared, Syncer};
 use journal::{JournalWriter, HEADER_LEN};
 pub use recovery::{recover, Recovered};
@@ -153,14 +153,18 @@ impl EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    /// Applies a command; a request that is alone and finds the journal free then runs the
-    /// round itself (see `commit`), so its wait below is already over.
-    fn apply(&self, command: Command, load: Load) -> Result<(Reply, Option<u64>), StoreError> {
+    /// Applies an operation; a request that is alone and finds the journal free then runs
+    /// the round itself (see `commit`), so its wait below is already over.
+    fn apply<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+    ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
         let journal = match (load, &self.shared.journal) {
             (Load::Alone, Some(journal)) => journal.try_lock().ok(),
             _ => None,
         };
-        let (reply, wait) = self.shared.apply(command, journal.is_none())?;
+        let (reply, wait) = self.shared.apply(operation, journal.is_none())?;
         if let (Some(mut journal), Some(_)) = (journal, wait) {
             self.shared.sync_alone(&mut journal)?;
         }
@@ -205,14 +209,16 @@ fn open_durable(dir: &Path) -> io::Result<(State, JournalWriter, File, OpenRepor
 }
 
 impl Store for EmbeddedStore {
-    fn execute(&self, command: Command, load: Load) -> BoxFuture<'_, Result<Reply, StoreError>> {
-        Box::pin(async move {
-            let (reply, wait) = self.apply(command, load)?;
-            if let Some(seq) = wait {
-                self.shared.wait_durable(seq).await?;
-            }
-            Ok(reply)
-        })
+    async fn execute<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        let (reply, wait) = self.apply(operation, load)?;
+        if let Some(seq) = wait {
+            self.shared.wait_durable(seq).await?;
+        }
+        Ok(reply)
     }
 
     fn health(&self) -> Health {
@@ -293,15 +299,13 @@ impl Store for EmbeddedStore {
         ]
     }
 
-    fn shutdown(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.shared.close(true);
-            let thread = self.syncer.lock().ok().and_then(|mut t| t.take());
-            if let Some(thread) = thread {
-                // The last sync and the final snapshot: blocking work.
-                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-            }
-        })
+    async fn shutdown(&self) {
+        self.shared.close(true);
+        let thread = self.syncer.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            // The last sync and the final snapshot: blocking work.
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
     }
 }
 

@@ -146,7 +146,7 @@ pub fn prune(dir: &Path, seq: u64) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use ledger::{apply, Actor, Command, NewTenant, State};
+    use ledger::{apply, Actor, CreateTenant, NewTenant, State};
 
     use super::*;
 
@@ -168,7 +168,7 @@ mod tests {
             };
             let applied = apply(
                 &mut state,
-                Command::CreateTenant {
+                CreateTenant {
                     actor: Actor::Admin,
                     tenant,
                 },

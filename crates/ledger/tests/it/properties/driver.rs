@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use crate::properties::model::{apply, Command, Outcome, Step as Applied};
 use ledger::{
-    apply, Action, Actor, Applied, Command, CommitCmd, DecideCmd, EventCmd, ExtendCmd, FundCmd,
-    Idempotency, Millis, NewApiKey, NewBudget, NewTenant, Outcome, ReleaseCmd, ReserveCmd, State,
-    Subject, Unit, TERMINAL_RETENTION_MS,
+    Action, Actor, Commit, Decide, Extend, Funding, Idempotency, Millis, NewApiKey, NewBudget,
+    NewTenant, RecordEvent, Release, Reserve, State, Subject, TenantPatch, Unit,
+    TERMINAL_RETENTION_MS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -39,8 +40,8 @@ pub fn reserve_cmd(
     subject: Subject,
     unit: Unit,
     estimate: i64,
-) -> ReserveCmd {
-    ReserveCmd {
+) -> Reserve {
+    Reserve {
         actor: Actor::ApiKey(DIGEST),
         idem: idem(key),
         reservation_id: id,
@@ -60,8 +61,8 @@ pub fn reserve_cmd(
     }
 }
 
-pub fn decide_cmd(key: String, subject: Subject, unit: Unit, estimate: i64) -> DecideCmd {
-    DecideCmd {
+pub fn decide_cmd(key: String, subject: Subject, unit: Unit, estimate: i64) -> Decide {
+    Decide {
         actor: Actor::ApiKey(DIGEST),
         idem: idem(key),
         subject,
@@ -347,7 +348,7 @@ impl Driver {
                 let estimate = self.resolve(estimate, &scopes_of(&subject), *unit);
                 let key = self.key(("reserve", String::new()), key);
                 let id = self.fresh("r");
-                Command::Reserve(ReserveCmd {
+                Command::Reserve(Reserve {
                     ttl_ms: *ttl_ms,
                     grace_period_ms: *grace_ms,
                     overage_policy: *policy,
@@ -363,7 +364,7 @@ impl Driver {
             } => {
                 let id = self.target(target);
                 let estimate = self.state.reservation(&id).map_or(0, |r| r.estimate);
-                Command::Commit(CommitCmd {
+                Command::Commit(Commit {
                     actor,
                     idem: idem(self.key(("commit", id.clone()), key)),
                     reservation_id: id,
@@ -374,7 +375,7 @@ impl Driver {
             }
             Op::Release { target, key } => {
                 let id = self.target(target);
-                Command::Release(ReleaseCmd {
+                Command::Release(Release {
                     actor,
                     idem: idem(self.key(("release", id.clone()), key)),
                     reservation_id: id,
@@ -383,7 +384,7 @@ impl Driver {
             }
             Op::Extend { target, by_ms, key } => {
                 let id = self.target(target);
-                Command::Extend(ExtendCmd {
+                Command::Extend(Extend {
                     actor,
                     idem: idem(self.key(("extend", id.clone()), key)),
                     reservation_id: id,
@@ -398,7 +399,7 @@ impl Driver {
                 key,
             } => {
                 let subject = subject(*s);
-                Command::Event(EventCmd {
+                Command::Event(RecordEvent {
                     actor,
                     idem: idem(self.key(("event", String::new()), key)),
                     event_id: self.fresh("e"),
@@ -427,7 +428,7 @@ impl Driver {
                 key,
             } => Command::FundBudget {
                 actor: Actor::Admin,
-                fund: FundCmd {
+                fund: Funding {
                     tenant_id: Some(TENANT.into()),
                     scope: BUDGET_SCOPES[*scope].into(),
                     unit: UNIT,
@@ -483,6 +484,14 @@ impl Driver {
                 // Already sealed: the fingerprint ignores the ids just replaced.
                 return Some(command);
             }
+            Op::TenantStatus { status } => Command::UpdateTenant {
+                actor: Actor::Admin,
+                tenant_id: TENANT.into(),
+                patch: TenantPatch {
+                    status: Some(*status),
+                    ..TenantPatch::default()
+                },
+            },
         };
         Some(sealed(command))
     }

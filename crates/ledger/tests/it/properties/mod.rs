@@ -8,11 +8,13 @@
 
 mod checks;
 mod driver;
+mod model;
 mod strategies;
 
 use std::sync::Arc;
 
-use ledger::{apply, Command, Millis, Outcome, State, Unit};
+use crate::properties::model::{apply, Command, Outcome};
+use ledger::{Millis, State, Unit};
 use proptest::prelude::*;
 use proptest::sample::Index;
 

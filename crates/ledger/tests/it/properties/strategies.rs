@@ -1,6 +1,6 @@
 //! Generated inputs: the setup of a case and the operations it runs.
 
-use ledger::{FundingOp, OveragePolicy, Unit};
+use ledger::{FundingOp, OveragePolicy, TenantStatus, Unit};
 use proptest::prelude::*;
 use proptest::sample::Index;
 
@@ -146,6 +146,12 @@ pub enum Op {
     /// Sends an earlier idempotent request again, unchanged (with fresh server-side ids).
     Resend {
         pick: Index,
+    },
+    /// Moves the tenant to `status`: a suspension, a resumption, or the close that releases
+    /// its reservations and closes its budgets in one step (and after which reopening is
+    /// refused).
+    TenantStatus {
+        status: TenantStatus,
     },
 }
 
@@ -352,6 +358,13 @@ fn op() -> impl Strategy<Value = Op> {
         }),
     ];
     let resend = any::<Index>().prop_map(|pick| Op::Resend { pick });
+    // Rare, and a close rarer still: after it every write is refused.
+    let tenant_status = prop_oneof![
+        3 => Just(TenantStatus::Active),
+        3 => Just(TenantStatus::Suspended),
+        1 => Just(TenantStatus::Closed),
+    ]
+    .prop_map(|status| Op::TenantStatus { status });
     prop_oneof![
         6 => reserve,
         5 => commit,
@@ -363,6 +376,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => maintain,
         5 => clock,
         2 => resend,
+        1 => tenant_status,
     ]
 }
 

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
+use crate::properties::model::{Command, Outcome};
 use ledger::{
-    Balance, Budget, Command, FundCmd, FundingOp, Outcome, OveragePolicy, Rejection,
-    ReservationStatus, State,
+    Balance, Budget, Funding, FundingOp, OveragePolicy, Rejection, ReservationStatus, State,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -131,7 +131,7 @@ impl Accounts {
 }
 
 /// A budget after a funding operation, per the admin spec.
-fn expected_funding(old: &Budget, fund: &FundCmd) -> Balance {
+fn expected_funding(old: &Budget, fund: &Funding) -> Balance {
     let mut b = Balance::from(old);
     let amount = fund.amount;
     match fund.operation {
@@ -163,13 +163,18 @@ fn implied_changes(step: &Step) -> BTreeMap<String, Delta> {
             d.charged += i128::from(charged);
         }
     };
-    // An expiry returns the hold.
+    // An expiry returns the hold, and so does a tenant's close, which releases every
+    // reservation the tenant holds.
+    let closing = matches!(step.command, Command::UpdateTenant { .. });
     for old in step.before.reservations() {
-        let expired = step
+        let returned = step
             .after
             .reservation(&old.reservation_id)
-            .is_some_and(|r| r.status == ReservationStatus::Expired);
-        if old.status == ReservationStatus::Active && expired {
+            .is_some_and(|r| {
+                r.status == ReservationStatus::Expired
+                    || (closing && r.status == ReservationStatus::Released)
+            });
+        if old.status == ReservationStatus::Active && returned {
             add(&texts(&old.budgeted_scopes), -old.estimate, 0);
         }
     }

@@ -1,6 +1,7 @@
 //! Properties 5 and 6: determinism, journals and snapshots.
 
-use ledger::{apply, Applied, Command, Millis, State, TERMINAL_RETENTION_MS};
+use crate::properties::model::{apply, Command, Step as Applied};
+use ledger::{Millis, State, TERMINAL_RETENTION_MS};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;

@@ -1,6 +1,7 @@
 //! Property 4: evaluation (decide, dry run) predicts admission (live reserve).
 
-use ledger::{apply, Command, Decision, Outcome, ReserveCmd};
+use crate::properties::model::{apply, Command, Outcome};
+use ledger::{Decision, Reserve};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -15,7 +16,7 @@ pub fn check_evaluation(step: &Step) -> Result<(), TestCaseError> {
     };
     let probe = |command: Command| apply(&mut step.before.clone(), sealed(command), step.now);
     let reserve = |key: &str, dry_run| {
-        Command::Reserve(ReserveCmd {
+        Command::Reserve(Reserve {
             dry_run,
             ..reserve_cmd(
                 key.into(),

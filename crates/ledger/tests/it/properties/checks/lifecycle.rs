@@ -2,8 +2,10 @@
 
 use std::collections::BTreeSet;
 
+use crate::properties::model::{Command, Outcome};
 use ledger::{
-    Command, Decision, Outcome, Rejection, Reservation, ReservationStatus, TERMINAL_RETENTION_MS,
+    BudgetStatus, Decision, Rejection, Reservation, ReservationStatus, TenantStatus,
+    TERMINAL_RETENTION_MS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -36,6 +38,7 @@ pub fn check_invariants(step: &Step) -> Result<(), TestCaseError> {
     check_settlement_is_accepted(step)?;
     check_reported_balances(step)?;
     check_reservation_transitions(step)?;
+    check_tenant_close(step)?;
     check_maintenance(step)
 }
 
@@ -359,6 +362,12 @@ fn check_transition(
             prop_assert_eq!(new.extension_count, old.extension_count + 1);
             prop_assert!(new.extension_count <= new.max_extensions);
         }
+        (ReservationStatus::Released, Ok(Outcome::Tenant(t)))
+            if t.status == TenantStatus::Closed && closes_tenant(step.command) =>
+        {
+            prop_assert_eq!(new.finalized_at_ms, Some(step.now));
+            prop_assert_eq!(new.release_reason.as_deref(), Some("tenant_closed"));
+        }
         _ => {
             return Err(TestCaseError::fail(format!(
                 "illegal transition {:?} -> {:?} by {:?} -> {:?}",
@@ -366,6 +375,53 @@ fn check_transition(
             )))
         }
     }
+    Ok(())
+}
+
+/// Whether `command` asks to close a tenant.
+fn closes_tenant(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::UpdateTenant { patch, .. } if patch.status == Some(TenantStatus::Closed)
+    )
+}
+
+/// A tenant's close releases every reservation it still holds and closes every budget, in
+/// the same step; reopening a closed tenant is refused.
+fn check_tenant_close(step: &Step) -> Result<(), TestCaseError> {
+    let Command::UpdateTenant { tenant_id, .. } = step.command else {
+        return Ok(());
+    };
+    let was_closed = step
+        .before
+        .tenant(tenant_id)
+        .is_some_and(|t| t.status == TenantStatus::Closed);
+    if was_closed {
+        let reopened = !closes_tenant(step.command);
+        prop_assert!(
+            !reopened || step.applied.result.is_err(),
+            "a closed tenant was reopened: {:?}",
+            step.applied.result
+        );
+    }
+    if !(closes_tenant(step.command) && step.applied.result.is_ok()) {
+        return Ok(());
+    }
+    let mine = |r: &&Reservation| &*r.tenant_id == tenant_id.as_str();
+    prop_assert!(
+        step.after
+            .reservations()
+            .filter(mine)
+            .all(|r| r.status != ReservationStatus::Active),
+        "a reservation stayed ACTIVE after its tenant closed"
+    );
+    prop_assert!(
+        step.after
+            .budgets()
+            .filter(|b| &*b.tenant_id == tenant_id.as_str())
+            .all(|b| b.status == BudgetStatus::Closed && b.reserved == 0),
+        "a budget stayed open, or kept a hold, after its tenant closed"
+    );
     Ok(())
 }
 

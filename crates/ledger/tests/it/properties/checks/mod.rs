@@ -8,9 +8,10 @@ pub mod lifecycle;
 
 use std::sync::Arc;
 
+use crate::properties::model::{Command, Outcome};
 use ledger::{
-    Balance, Budget, BudgetKey, Command, Millis, Outcome, Rejection, Reservation, SnapshotData,
-    State, StoredOutcome, Subject, Unit,
+    Balance, Budget, BudgetKey, Millis, Rejection, Reservation, SnapshotData, State, StoredOutcome,
+    Subject, Unit,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -141,6 +142,8 @@ pub fn reason_code(rejection: &Rejection) -> Option<&'static str> {
         Rejection::BudgetExceeded { .. } => "BUDGET_EXCEEDED",
         Rejection::NotFound(_) => "BUDGET_NOT_FOUND",
         Rejection::TenantClosed(_) => "TENANT_CLOSED",
+        // A suspended tenant's live reserve is forbidden; an evaluation denies it.
+        Rejection::Forbidden(why) if why.contains("SUSPENDED") => "TENANT_SUSPENDED",
         _ => return None,
     })
 }

@@ -3,20 +3,86 @@
 use std::ops::Bound;
 
 use crate::{
-    pattern_matches, Actor, Effect, NewPolicy, Outcome, Permission, Policy, PolicyListQuery,
-    PolicyPatch, PolicyStatus, Rejection,
+    pattern_matches, Caps, Effect, Millis, OveragePolicy, Permission, Policy, PolicyStatus,
+    RateLimits, Rejection, TtlOverride,
 };
 
-use super::Tx;
+use super::{operation, Actor, Page, Tx};
+
+/// `POST /v1/admin/policies`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatePolicy {
+    pub actor: Actor,
+    pub policy: NewPolicy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPolicy {
+    pub policy_id: String,
+    /// Required with the admin key, forbidden with a tenant key.
+    pub tenant_id: Option<String>,
+    pub name: String,
+    pub description: Option<String>,
+    pub scope_pattern: String,
+    pub priority: i64,
+    pub caps: Option<Caps>,
+    pub commit_overage_policy: Option<OveragePolicy>,
+    pub reservation_ttl_override: Option<TtlOverride>,
+    pub rate_limits: Option<RateLimits>,
+    pub effective_from_ms: Option<Millis>,
+    pub effective_until_ms: Option<Millis>,
+}
+
+/// `GET /v1/admin/policies`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPolicies {
+    pub actor: Actor,
+    pub query: PolicyListQuery,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyListQuery {
+    /// Required with the admin key; ignored with a tenant key.
+    pub tenant_id: Option<String>,
+    pub scope_pattern: Option<String>,
+    pub status: Option<PolicyStatus>,
+    pub limit: usize,
+    /// Exclusive lower bound: the last policy id of the previous page.
+    pub after: Option<String>,
+}
+
+/// `PATCH /v1/admin/policies/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdatePolicy {
+    pub actor: Actor,
+    pub policy_id: String,
+    pub patch: PolicyPatch,
+}
+
+/// Fields of a policy update; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyPatch {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub priority: Option<i64>,
+    pub caps: Option<Caps>,
+    pub commit_overage_policy: Option<OveragePolicy>,
+    pub reservation_ttl_override: Option<TtlOverride>,
+    pub rate_limits: Option<RateLimits>,
+    pub effective_from_ms: Option<Millis>,
+    pub effective_until_ms: Option<Millis>,
+    pub status: Option<PolicyStatus>,
+}
+
+operation!(CreatePolicy => Policy, create_policy);
+operation!(ListPolicies => Page<Policy>, list_policies);
+operation!(UpdatePolicy => Policy, update_policy);
 
 impl Tx<'_> {
-    pub(crate) fn create_policy(
-        &mut self,
-        actor: &Actor,
-        new: NewPolicy,
-    ) -> Result<Outcome, Rejection> {
+    fn create_policy(&mut self, op: CreatePolicy) -> Result<Policy, Rejection> {
+        let new = op.policy;
         let tenant_id =
-            self.creating_tenant(actor, Permission::PoliciesWrite, new.tenant_id.clone())?;
+            self.creating_tenant(&op.actor, Permission::PoliciesWrite, new.tenant_id.clone())?;
         self.writable_tenant(&tenant_id)?;
         check_pattern(&new.scope_pattern, &tenant_id)?;
         let policy = Policy {
@@ -37,15 +103,13 @@ impl Tx<'_> {
             updated_at_ms: self.now,
         };
         self.put(Effect::PutPolicy(policy.clone()));
-        Ok(Outcome::Policy(policy))
+        Ok(policy)
     }
 
-    pub(crate) fn list_policies(
-        &mut self,
-        actor: &Actor,
-        q: PolicyListQuery,
-    ) -> Result<Outcome, Rejection> {
-        let tenant_id = self.acting_tenant(actor, Permission::PoliciesRead, q.tenant_id.clone())?;
+    fn list_policies(&mut self, op: ListPolicies) -> Result<Page<Policy>, Rejection> {
+        let q = op.query;
+        let tenant_id =
+            self.acting_tenant(&op.actor, Permission::PoliciesRead, q.tenant_id.clone())?;
         let start = (tenant_id.clone(), q.after.clone().unwrap_or_default());
         let lower = if q.after.is_some() {
             Bound::Excluded(start)
@@ -53,7 +117,7 @@ impl Tx<'_> {
             Bound::Included(start)
         };
         let pattern = q.scope_pattern.map(|p| p.to_lowercase());
-        let mut page: Vec<Policy> = self
+        let page = self
             .state
             .policies
             .range((lower, Bound::Unbounded))
@@ -61,24 +125,13 @@ impl Tx<'_> {
             .map(|(_, p)| p)
             .filter(|p| q.status.is_none_or(|s| p.status == s))
             .filter(|p| pattern.as_ref().is_none_or(|sp| &p.scope_pattern == sp))
-            .take(q.limit + 1)
-            .cloned()
-            .collect();
-        let has_more = page.len() > q.limit;
-        page.truncate(q.limit);
-        Ok(Outcome::Policies {
-            policies: page,
-            has_more,
-        })
+            .cloned();
+        Ok(Page::of(page, q.limit))
     }
 
-    pub(crate) fn update_policy(
-        &mut self,
-        actor: &Actor,
-        policy_id: &str,
-        patch: PolicyPatch,
-    ) -> Result<Outcome, Rejection> {
-        let caller = self.admin_or_tenant(actor, Permission::PoliciesWrite)?;
+    fn update_policy(&mut self, op: UpdatePolicy) -> Result<Policy, Rejection> {
+        let (policy_id, patch) = (op.policy_id.as_str(), op.patch);
+        let caller = self.admin_or_tenant(&op.actor, Permission::PoliciesWrite)?;
         let not_found = || Rejection::NotFound(format!("Policy not found: {policy_id}"));
         let mut p = self
             .state
@@ -115,7 +168,7 @@ impl Tx<'_> {
         p.status = status.unwrap_or(p.status);
         p.updated_at_ms = self.now;
         self.put(Effect::PutPolicy(p.clone()));
-        Ok(Outcome::Policy(p))
+        Ok(p)
     }
 
     /// The policy governing `scope_path` now: the highest priority among the tenant's

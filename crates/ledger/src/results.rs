@@ -1,13 +1,11 @@
-//! Outcomes: what a command produced. The results that idempotency replays are stored
-//! verbatim ([`StoredOutcome`]); volatile values (`remaining_ttl_ms`) sit beside them.
+//! The results of the operations that idempotency replays, stored verbatim
+//! ([`StoredOutcome`]); volatile values (`remaining_ttl_ms`) are computed beside them.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    ApiKey, Budget, Caps, FundingOp, Millis, Policy, Principal, Reservation, Tenant, Unit,
-};
+use crate::{Budget, Caps, FundingOp, Millis, Unit};
 
 /// A point-in-time copy of one ledger, as returned in `balances` arrays.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,7 +127,7 @@ pub struct FundResult {
 }
 
 /// What an idempotency record replays. Each result is behind `Arc`, shared with the
-/// [`Outcome`] its command returned (and with every replay): a write stores its result
+/// answer its operation returned (and with every replay): a write stores its result
 /// without copying its strings, and the reply is built from the same allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredOutcome {
@@ -140,71 +138,4 @@ pub enum StoredOutcome {
     Decide(Arc<DecideResult>),
     Event(Arc<EventResult>),
     Fund(Arc<FundResult>),
-}
-
-/// A successful command's result.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Authenticated(Principal),
-    Reserved {
-        result: Arc<ReserveResult>,
-        /// Recomputed on every reply, replays included.
-        remaining_ttl_ms: Option<i64>,
-        replayed: bool,
-    },
-    Committed {
-        result: Arc<CommitResult>,
-        replayed: bool,
-    },
-    Released {
-        result: Arc<ReleaseResult>,
-        replayed: bool,
-    },
-    Extended {
-        result: Arc<ExtendResult>,
-        remaining_ttl_ms: i64,
-        replayed: bool,
-    },
-    Decided {
-        result: Arc<DecideResult>,
-        replayed: bool,
-    },
-    EventApplied {
-        result: Arc<EventResult>,
-        replayed: bool,
-    },
-    /// A reservation as of now (its status already reflects a lapsed grace period).
-    Reservation(Box<Reservation>),
-    Reservations {
-        rows: Vec<Reservation>,
-        /// Where the next page starts, when there may be more.
-        next: Option<crate::Position>,
-    },
-    Balances {
-        budgets: Vec<Budget>,
-        has_more: bool,
-    },
-    Tenant {
-        tenant: Tenant,
-        created: bool,
-    },
-    ApiKey(ApiKey),
-    Policy(Policy),
-    Policies {
-        policies: Vec<Policy>,
-        has_more: bool,
-    },
-    Budget(Budget),
-    Budgets {
-        budgets: Vec<Budget>,
-        has_more: bool,
-    },
-    Funded {
-        result: Arc<FundResult>,
-        replayed: bool,
-    },
-    Maintained {
-        expired: usize,
-        evicted: usize,
-    },
 }

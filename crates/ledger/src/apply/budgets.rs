@@ -1,0 +1,357 @@
+//! Budgets: create, list, look up, update, freeze, and funding.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use crate::{
+    fund, scope_tenant, Balance, Budget, BudgetKey, BudgetStatus, Endpoint, FundResult, FundingOp,
+    IdemKey, Millis, OveragePolicy, Permission, Rejection, RolloverPolicy, Unit, SCOPE_LEVELS,
+};
+
+use super::{operation, Actor, Idempotency, Idempotent, Page, Tx, DAY_MS};
+
+/// `POST /v1/admin/budgets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateBudget {
+    pub actor: Actor,
+    pub budget: NewBudget,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewBudget {
+    pub ledger_id: String,
+    /// Required with the admin key, forbidden with a tenant key (the key's tenant is used).
+    pub tenant_id: Option<String>,
+    pub scope: String,
+    pub unit: Unit,
+    pub allocated: i64,
+    pub overdraft_limit: i64,
+    pub commit_overage_policy: Option<OveragePolicy>,
+    pub rollover_policy: Option<RolloverPolicy>,
+    pub period_start_ms: Option<Millis>,
+    pub period_end_ms: Option<Millis>,
+    pub metadata: Option<String>,
+}
+
+/// `GET /v1/admin/budgets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListBudgets {
+    pub actor: Actor,
+    pub query: BudgetListQuery,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetListQuery {
+    pub tenant_id: Option<String>,
+    pub scope_prefix: Option<String>,
+    pub unit: Option<Unit>,
+    pub status: Option<BudgetStatus>,
+    pub limit: usize,
+    pub after: Option<(String, Unit)>,
+}
+
+/// `GET /v1/admin/budgets/lookup`: one budget by exact `(scope, unit)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupBudget {
+    pub actor: Actor,
+    pub scope: String,
+    pub unit: Unit,
+}
+
+/// `POST /v1/admin/budgets/fund`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FundBudget {
+    pub actor: Actor,
+    pub fund: Funding,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Funding {
+    /// Required with the admin key; ignored with a tenant key.
+    pub tenant_id: Option<String>,
+    pub scope: String,
+    pub unit: Unit,
+    pub operation: FundingOp,
+    pub amount: i64,
+    pub spent: Option<i64>,
+    pub idem: Option<Idempotency>,
+}
+
+/// `PATCH /v1/admin/budgets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateBudget {
+    pub actor: Actor,
+    pub scope: String,
+    pub unit: Unit,
+    pub patch: BudgetPatch,
+}
+
+/// Fields of a budget update; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BudgetPatch {
+    pub overdraft_limit: Option<i64>,
+    pub commit_overage_policy: Option<OveragePolicy>,
+    pub metadata: Option<String>,
+}
+
+/// `POST /v1/admin/budgets/freeze` (`frozen`) and `/unfreeze`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetBudgetFrozen {
+    pub actor: Actor,
+    pub scope: String,
+    pub unit: Unit,
+    pub frozen: bool,
+}
+
+operation!(CreateBudget => Budget, create_budget);
+operation!(ListBudgets => Page<Budget>, list_budgets);
+operation!(LookupBudget => Budget, lookup_budget);
+operation!(FundBudget => Idempotent<FundResult>, fund_budget);
+operation!(UpdateBudget => Budget, update_budget);
+operation!(SetBudgetFrozen => Budget, set_budget_frozen);
+
+impl Tx<'_> {
+    fn create_budget(&mut self, op: CreateBudget) -> Result<Budget, Rejection> {
+        let new = op.budget;
+        let tenant_id =
+            self.creating_tenant(&op.actor, Permission::BudgetsWrite, new.tenant_id.clone())?;
+        self.writable_tenant(&tenant_id)?;
+        let scope = canonical_budget_scope(&new.scope, &tenant_id)?;
+        let key = BudgetKey {
+            scope: scope.as_str().into(),
+            unit: new.unit,
+        };
+        if self.state.budgets.contains_key(&key) {
+            return Err(Rejection::DuplicateResource(format!(
+                "Budget already exists for scope {scope} in {}",
+                new.unit.as_str()
+            )));
+        }
+        let budget = Budget {
+            ledger_id: new.ledger_id.into(),
+            tenant_id: tenant_id.into(),
+            scope: scope.into(),
+            unit: new.unit,
+            allocated: new.allocated,
+            remaining: new.allocated,
+            reserved: 0,
+            spent: 0,
+            debt: 0,
+            overdraft_limit: new.overdraft_limit,
+            is_over_limit: false,
+            commit_overage_policy: new.commit_overage_policy,
+            status: BudgetStatus::Active,
+            rollover_policy: new.rollover_policy.unwrap_or(RolloverPolicy::None),
+            period_start_ms: new.period_start_ms,
+            period_end_ms: new.period_end_ms,
+            metadata: new.metadata.map(Into::into),
+            created_at_ms: self.now,
+            updated_at_ms: self.now,
+        };
+        self.put_budgets(vec![budget.clone()])?;
+        Ok(budget)
+    }
+
+    fn list_budgets(&mut self, op: ListBudgets) -> Result<Page<Budget>, Rejection> {
+        let q = op.query;
+        let tenant = match self.admin_or_tenant(&op.actor, Permission::BudgetsRead)? {
+            Some(caller) => Some(caller.tenant_id.to_string()),
+            None => q.tenant_id.clone(),
+        };
+        let start = match q.after {
+            Some((scope, unit)) => Bound::Excluded(BudgetKey {
+                scope: scope.into(),
+                unit,
+            }),
+            None => Bound::Unbounded,
+        };
+        let prefix = q.scope_prefix.map(|p| p.to_lowercase());
+        let page = self
+            .state
+            .budgets
+            .range((start, Bound::Unbounded))
+            .map(|(_, b)| b)
+            .filter(|b| tenant.as_ref().is_none_or(|t| *b.tenant_id == **t))
+            .filter(|b| {
+                prefix
+                    .as_ref()
+                    .is_none_or(|p| b.scope.starts_with(p.as_str()))
+            })
+            .filter(|b| q.unit.is_none_or(|u| b.unit == u))
+            .filter(|b| q.status.is_none_or(|s| b.status == s))
+            .map(|b| (**b).clone());
+        Ok(Page::of(page, q.limit))
+    }
+
+    /// A budget by exact `(scope, unit)`, visible to the admin or to its own tenant's keys.
+    fn visible_budget(
+        &mut self,
+        actor: &Actor,
+        permission: Permission,
+        scope: &str,
+        unit: Unit,
+    ) -> Result<Budget, Rejection> {
+        let caller = self.admin_or_tenant(actor, permission)?;
+        let scope = scope.to_lowercase();
+        let not_found = || Rejection::BudgetNotFound(format!("{scope} ({})", unit.as_str()));
+        let budget = self
+            .state
+            .budget(&BudgetKey {
+                scope: scope.as_str().into(),
+                unit,
+            })
+            .cloned()
+            .ok_or_else(not_found)?;
+        match caller {
+            Some(c) if *c.tenant_id != *budget.tenant_id => Err(not_found()),
+            _ => Ok(budget),
+        }
+    }
+
+    fn lookup_budget(&mut self, op: LookupBudget) -> Result<Budget, Rejection> {
+        self.visible_budget(&op.actor, Permission::BudgetsRead, &op.scope, op.unit)
+    }
+
+    fn fund_budget(&mut self, op: FundBudget) -> Result<Idempotent<FundResult>, Rejection> {
+        let (actor, cmd) = (op.actor, op.fund);
+        let tenant_id =
+            self.acting_tenant(&actor, Permission::BudgetsWrite, cmd.tenant_id.clone())?;
+        let budget = self.visible_budget(&actor, Permission::BudgetsWrite, &cmd.scope, cmd.unit)?;
+        if *budget.tenant_id != *tenant_id {
+            return Err(Rejection::BudgetNotFound(format!(
+                "{} ({}) for tenant {tenant_id}",
+                budget.scope,
+                cmd.unit.as_str()
+            )));
+        }
+        let key = cmd.idem.as_ref().map(|i| {
+            let key = IdemKey {
+                tenant_id: Arc::from(tenant_id.as_str()),
+                endpoint: Endpoint::Fund,
+                key: i.key.clone(),
+            };
+            (key, i.fingerprint)
+        });
+        self.once(key, |tx| {
+            tx.writable_tenant(&tenant_id)?;
+            let funded = fund(&budget, cmd.operation, cmd.amount, cmd.spent)?;
+            let result = FundResult {
+                operation: cmd.operation,
+                unit: cmd.unit,
+                previous: Balance::from(&budget),
+                new: Balance::from(&funded),
+                timestamp_ms: tx.now,
+            };
+            tx.put_budgets(vec![funded])?;
+            Ok((result, DAY_MS))
+        })
+    }
+
+    fn update_budget(&mut self, op: UpdateBudget) -> Result<Budget, Rejection> {
+        self.require_admin(&op.actor)?;
+        let patch = op.patch;
+        let mut b = self.visible_budget(&op.actor, Permission::BudgetsWrite, &op.scope, op.unit)?;
+        self.open_tenant(&b.tenant_id)?;
+        if b.status == BudgetStatus::Closed {
+            return Err(Rejection::BudgetClosed {
+                scope: b.scope.to_string(),
+            });
+        }
+        if let Some(limit) = patch.overdraft_limit {
+            b.overdraft_limit = limit;
+            b.is_over_limit = b.debt > limit;
+        }
+        if let Some(policy) = patch.commit_overage_policy {
+            b.commit_overage_policy = Some(policy);
+        }
+        if let Some(metadata) = patch.metadata {
+            b.metadata = Some(metadata.into());
+        }
+        self.put_budgets(vec![b.clone()])?;
+        Ok(b)
+    }
+
+    fn set_budget_frozen(&mut self, op: SetBudgetFrozen) -> Result<Budget, Rejection> {
+        self.require_admin(&op.actor)?;
+        let frozen = op.frozen;
+        let mut b = self.visible_budget(&op.actor, Permission::BudgetsWrite, &op.scope, op.unit)?;
+        self.open_tenant(&b.tenant_id)?;
+        let (from, to) = if frozen {
+            (BudgetStatus::Active, BudgetStatus::Frozen)
+        } else {
+            (BudgetStatus::Frozen, BudgetStatus::Active)
+        };
+        if b.status == BudgetStatus::Closed {
+            return Err(Rejection::BudgetClosed {
+                scope: b.scope.to_string(),
+            });
+        }
+        if b.status != from {
+            return Err(Rejection::Conflict(format!(
+                "Budget {} is already {}",
+                b.scope,
+                b.status.as_str()
+            )));
+        }
+        b.status = to;
+        self.put_budgets(vec![b.clone()])?;
+        Ok(b)
+    }
+}
+
+/// Validates and lower-cases a budget scope: `tenant:<id>` first, then levels in canonical
+/// order (gaps allowed, no repeats), each value 1–128 chars of `[A-Za-z0-9_.-]`, the same
+/// charset subjects use, so every subject value can have a budget.
+pub(crate) fn canonical_budget_scope(scope: &str, tenant_id: &str) -> Result<String, Rejection> {
+    let invalid = |why: &str| Rejection::InvalidRequest(format!("Invalid scope '{scope}': {why}"));
+    let lower = scope.to_lowercase();
+    let mut last_level: Option<usize> = None;
+    for (i, segment) in lower.split('/').enumerate() {
+        let (level, value) = segment
+            .split_once(':')
+            .ok_or_else(|| invalid("each segment must be level:value"))?;
+        let pos = SCOPE_LEVELS
+            .iter()
+            .position(|l| *l == level)
+            .ok_or_else(|| invalid("unknown level"))?;
+        if i == 0 && pos != 0 {
+            return Err(invalid("the first segment must be tenant:<id>"));
+        }
+        if last_level.is_some_and(|l| pos <= l) {
+            return Err(invalid("levels must follow tenant/workspace/app/workflow/agent/toolset order without repeats"));
+        }
+        last_level = Some(pos);
+        if value.is_empty()
+            || value.len() > 128
+            || !value
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+        {
+            return Err(invalid("values must be 1-128 characters of [A-Za-z0-9_.-]"));
+        }
+    }
+    if scope_tenant(&lower) != Some(tenant_id) {
+        return Err(Rejection::Forbidden(format!(
+            "Scope '{scope}' does not belong to tenant {tenant_id}"
+        )));
+    }
+    Ok(lower)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_budget_scope;
+
+    #[test]
+    fn budget_scopes() {
+        assert_eq!(
+            canonical_budget_scope("tenant:Acme/agent:Bot", "acme").unwrap(),
+            "tenant:acme/agent:bot"
+        );
+        assert!(canonical_budget_scope("agent:bot", "acme").is_err());
+        assert!(canonical_budget_scope("tenant:acme/agent:a/app:b", "acme").is_err());
+        assert!(canonical_budget_scope("tenant:acme/agent:a b", "acme").is_err());
+        assert!(canonical_budget_scope("tenant:other", "acme").is_err());
+        assert!(canonical_budget_scope("tenant:acme/", "acme").is_err());
+    }
+}
