@@ -4,18 +4,16 @@ use std::sync::Arc;
 
 use ledger::{Actor, Command, Outcome};
 use protocol::{ApiError, Plane};
-use sha2::{Digest, Sha256};
 use store::{Load, Store, StoreError};
-use subtle::ConstantTimeEq;
 
+use crate::auth::AdminKey;
 use crate::jobs::SweepCounters;
 use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
 
 pub struct App {
     store: Arc<dyn Store>,
-    /// SHA-256 of the admin key: compared in constant time, never kept in plain text.
-    admin_key_digest: [u8; 32],
+    admin_key: AdminKey,
     http_metrics: HttpMetrics,
     sweep_counters: SweepCounters,
     public_metrics: bool,
@@ -25,11 +23,15 @@ impl App {
     pub fn new(store: Arc<dyn Store>, admin_api_key: &str, public_metrics: bool) -> Self {
         App {
             store,
-            admin_key_digest: Sha256::digest(admin_api_key.as_bytes()).into(),
+            admin_key: AdminKey::new(admin_api_key),
             http_metrics: HttpMetrics::default(),
             sweep_counters: SweepCounters::default(),
             public_metrics,
         }
+    }
+
+    pub fn admin_key(&self) -> &AdminKey {
+        &self.admin_key
     }
 
     pub fn http_metrics(&self) -> &HttpMetrics {
@@ -46,11 +48,6 @@ impl App {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
-    }
-
-    pub fn is_admin_key(&self, presented: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        digest.ct_eq(&self.admin_key_digest).into()
     }
 
     /// Executes a command; a refusal becomes the protocol error of `plane`.

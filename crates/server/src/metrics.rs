@@ -250,7 +250,7 @@ fn render(app: &App) -> String {
 /// `GET /metrics`: the admin key is required unless the operator made it public.
 pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> Answer {
     if !app.public_metrics() {
-        auth::admin(&app, &headers).map_err(Failure::from)?;
+        auth::admin(app.admin_key(), &headers).map_err(Failure::from)?;
     }
     let mut response = (StatusCode::OK, render(&app)).into_response();
     response.headers_mut().insert(

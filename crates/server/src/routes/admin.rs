@@ -67,7 +67,7 @@ pub async fn create_tenant(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let request: TenantCreateRequest = body(&app, &actor, &bytes).await?;
     let command = Command::CreateTenant {
         actor,
@@ -82,7 +82,7 @@ pub async fn get_tenant(
     Path(id): Path<String>,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let (outcome, _) = app
         .run(
             Command::GetTenant {
@@ -101,7 +101,7 @@ pub async fn update_tenant(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let request: TenantUpdateRequest = body(&app, &actor, &bytes).await?;
     let command = Command::UpdateTenant {
         actor,
@@ -117,7 +117,7 @@ pub async fn create_api_key(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let request: ApiKeyCreateRequest = body(&app, &actor, &bytes).await?;
     let secret = ids::new_key_secret();
     let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
@@ -141,7 +141,7 @@ pub async fn revoke_api_key(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let reason = Query::parse(raw.as_deref())
         .get("reason")
         .map(str::to_string);
@@ -166,7 +166,7 @@ pub async fn create_budget(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: BudgetCreateRequest = body(&app, &actor, &bytes).await?;
     let command = Command::CreateBudget {
         actor,
@@ -205,7 +205,7 @@ pub async fn list_budgets(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let command = |query| Command::ListBudgets {
         actor: actor.clone(),
@@ -237,7 +237,7 @@ pub async fn lookup_budget(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let (scope, unit) = app
         .validated(&actor, Plane::Admin, || budget_address(&q))
@@ -254,7 +254,7 @@ pub async fn fund_budget(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let fund = app
         .validated(&actor, Plane::Admin, || {
@@ -282,7 +282,7 @@ pub async fn update_budget(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let (scope, unit, patch) = app
         .validated(&actor, Plane::Admin, || {
@@ -308,7 +308,7 @@ async fn set_frozen(
     bytes: &Bytes,
     frozen: bool,
 ) -> Answer {
-    let actor = auth::admin(app, headers)?;
+    let actor = auth::admin(app.admin_key(), headers)?;
     let q = Query::parse(raw.as_deref());
     let (scope, unit) = app
         .validated(&actor, Plane::Admin, || budget_address(&q))

@@ -29,7 +29,7 @@ pub async fn create_policy(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: PolicyCreateRequest = app
         .validated(&actor, Plane::Admin, || parse_body(&bytes))
         .await?;
@@ -62,7 +62,7 @@ pub async fn list_policies(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let command = |query| Command::ListPolicies {
         actor: actor.clone(),
@@ -88,7 +88,7 @@ pub async fn update_policy(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: PolicyUpdateRequest = app
         .validated(&actor, Plane::Admin, || parse_body(&bytes))
         .await?;
