@@ -15,7 +15,7 @@ pub struct App {
     store: Arc<dyn Store>,
     admin_key: AdminKey,
     http_metrics: HttpMetrics,
-    sweep_counters: SweepCounters,
+    sweep_counters: Arc<SweepCounters>,
     public_metrics: bool,
 }
 
@@ -25,7 +25,7 @@ impl App {
             store,
             admin_key: AdminKey::new(admin_api_key),
             http_metrics: HttpMetrics::default(),
-            sweep_counters: SweepCounters::default(),
+            sweep_counters: Arc::default(),
             public_metrics,
         }
     }
@@ -38,7 +38,8 @@ impl App {
         &self.http_metrics
     }
 
-    pub fn sweep_counters(&self) -> &SweepCounters {
+    /// What the background sweep has done (shared with it).
+    pub fn sweep_counters(&self) -> &Arc<SweepCounters> {
         &self.sweep_counters
     }
 

@@ -77,7 +77,11 @@ impl BoundServer {
     /// Serves until `shutdown` completes, then stops accepting, finishes in-flight requests,
     /// stops the background jobs and flushes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> io::Result<()> {
-        let sweeper = jobs::spawn_sweeper(self.app.clone(), self.sweep_interval);
+        let sweeper = jobs::spawn_sweeper(
+            self.app.store().clone(),
+            self.app.sweep_counters().clone(),
+            self.sweep_interval,
+        );
         let router = routes::router(self.app.clone(), self.rate_limit);
         let listener = self.listener.tap_io(|tcp| {
             // Replies are small and latency-bound: do not wait to coalesce them.
