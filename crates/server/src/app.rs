@@ -4,16 +4,18 @@ use std::sync::Arc;
 
 use ledger::{Actor, Command, Outcome};
 use protocol::{ApiError, Plane};
-use store::{Load, Store, StoreError};
+use store::{Store, StoreError};
 
 use crate::auth::AdminKey;
 use crate::jobs::SweepCounters;
+use crate::load::LoadTracker;
 use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
 
 pub struct App {
     store: Arc<dyn Store>,
     admin_key: AdminKey,
+    load: LoadTracker,
     http_metrics: HttpMetrics,
     sweep_counters: Arc<SweepCounters>,
     public_metrics: bool,
@@ -24,6 +26,7 @@ impl App {
         App {
             store,
             admin_key: AdminKey::new(admin_api_key),
+            load: LoadTracker::default(),
             http_metrics: HttpMetrics::default(),
             sweep_counters: Arc::default(),
             public_metrics,
@@ -32,6 +35,11 @@ impl App {
 
     pub fn admin_key(&self) -> &AdminKey {
         &self.admin_key
+    }
+
+    /// Requests in flight, and whether one is alone.
+    pub fn load(&self) -> &LoadTracker {
+        &self.load
     }
 
     pub fn http_metrics(&self) -> &HttpMetrics {
@@ -57,12 +65,7 @@ impl App {
         command: Command,
         plane: Plane,
     ) -> Result<(Outcome, Option<Arc<str>>), Failure> {
-        // A request alone in the server may have its write synced on its own thread.
-        let load = if self.http_metrics.alone() {
-            Load::Alone
-        } else {
-            Load::Busy
-        };
+        let load = self.load.current();
         match self.store.execute(command, load).await {
             Ok(reply) => match reply.result {
                 Ok(outcome) => Ok((outcome, reply.tenant)),

@@ -12,6 +12,7 @@ mod auth;
 pub mod correlation;
 mod ids;
 mod jobs;
+mod load;
 mod metrics;
 mod openapi;
 mod query;
