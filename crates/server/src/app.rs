@@ -4,20 +4,20 @@ use std::sync::Arc;
 
 use ledger::{Actor, Authenticate, Operation};
 use protocol::{ApiError, Plane};
-use sha2::{Digest, Sha256};
-use store::{Engine, Load, Store, StoreError};
-use subtle::ConstantTimeEq;
+use store::{Engine, Store, StoreError};
 
+use crate::auth::AdminKey;
 use crate::jobs::SweepCounters;
+use crate::load::LoadTracker;
 use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
 
 pub struct App {
     store: Arc<Engine>,
-    /// SHA-256 of the admin key: compared in constant time, never kept in plain text.
-    admin_key_digest: [u8; 32],
+    admin_key: AdminKey,
+    load: LoadTracker,
     http_metrics: HttpMetrics,
-    sweep_counters: SweepCounters,
+    sweep_counters: Arc<SweepCounters>,
     public_metrics: bool,
 }
 
@@ -25,18 +25,29 @@ impl App {
     pub fn new(store: Arc<Engine>, admin_api_key: &str, public_metrics: bool) -> Self {
         App {
             store,
-            admin_key_digest: Sha256::digest(admin_api_key.as_bytes()).into(),
+            admin_key: AdminKey::new(admin_api_key),
+            load: LoadTracker::default(),
             http_metrics: HttpMetrics::default(),
-            sweep_counters: SweepCounters::default(),
+            sweep_counters: Arc::default(),
             public_metrics,
         }
+    }
+
+    pub fn admin_key(&self) -> &AdminKey {
+        &self.admin_key
+    }
+
+    /// Requests in flight, and whether one is alone.
+    pub fn load(&self) -> &LoadTracker {
+        &self.load
     }
 
     pub fn http_metrics(&self) -> &HttpMetrics {
         &self.http_metrics
     }
 
-    pub fn sweep_counters(&self) -> &SweepCounters {
+    /// What the background sweep has done (shared with it).
+    pub fn sweep_counters(&self) -> &Arc<SweepCounters> {
         &self.sweep_counters
     }
 
@@ -48,11 +59,6 @@ impl App {
         &self.store
     }
 
-    pub fn is_admin_key(&self, presented: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        digest.ct_eq(&self.admin_key_digest).into()
-    }
-
     /// Executes an operation; a refusal becomes the protocol error of `plane`. Answers the
     /// operation's own output and the caller's tenant, once known.
     pub async fn run<O: Operation>(
@@ -60,12 +66,7 @@ impl App {
         operation: O,
         plane: Plane,
     ) -> Result<(O::Output, Option<Arc<str>>), Failure> {
-        // A request alone in the server may have its write synced on its own thread.
-        let load = if self.http_metrics.alone() {
-            Load::Alone
-        } else {
-            Load::Busy
-        };
+        let load = self.load.current();
         match self.store.execute(operation, load).await {
             Ok(reply) => match reply.result {
                 Ok(output) => Ok((output, reply.tenant)),

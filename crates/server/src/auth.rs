@@ -1,5 +1,6 @@
-//! Credentials from headers. The admin key is checked here against configuration; a tenant
-//! key becomes the SHA-256 digest of its secret, which the ledger looks up.
+//! Credentials from headers. The admin key is checked here against the operator's
+//! [`AdminKey`]; a tenant key becomes the SHA-256 digest of its secret, which the ledger
+//! looks up.
 
 use std::convert::Infallible;
 
@@ -9,11 +10,26 @@ use axum::http::HeaderMap;
 use ledger::Actor;
 use protocol::ApiError;
 use sha2::{Digest, Sha256};
-
-use crate::app::App;
+use subtle::ConstantTimeEq;
 
 pub const API_KEY_HEADER: &str = "x-cycles-api-key";
 pub const ADMIN_KEY_HEADER: &str = "x-admin-api-key";
+
+/// The operator's admin key, kept as its SHA-256 digest: compared in constant time, never
+/// kept in plain text.
+pub struct AdminKey([u8; 32]);
+
+impl AdminKey {
+    pub fn new(key: &str) -> Self {
+        AdminKey(Sha256::digest(key.as_bytes()).into())
+    }
+
+    /// Whether `presented` is the admin key.
+    pub fn verify(&self, presented: &str) -> bool {
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        digest.ct_eq(&self.0).into()
+    }
+}
 
 /// The request's headers, moved out of it. axum's `HeaderMap` extractor clones the map (two
 /// allocations and a reference count per value, on every request); each handler reads the
@@ -44,9 +60,9 @@ pub fn tenant(headers: &HeaderMap) -> Result<Actor, ApiError> {
 }
 
 /// The admin key is required (`X-Admin-API-Key`).
-pub fn admin(app: &App, headers: &HeaderMap) -> Result<Actor, ApiError> {
+pub fn admin(key: &AdminKey, headers: &HeaderMap) -> Result<Actor, ApiError> {
     match header(headers, ADMIN_KEY_HEADER) {
-        Some(key) if app.is_admin_key(key) => Ok(Actor::Admin),
+        Some(presented) if key.verify(presented) => Ok(Actor::Admin),
         Some(_) => Err(ApiError::unauthorized("Invalid admin API key")),
         None => Err(ApiError::unauthorized(
             "Missing admin API key (X-Admin-API-Key)",
@@ -56,9 +72,9 @@ pub fn admin(app: &App, headers: &HeaderMap) -> Result<Actor, ApiError> {
 
 /// Either key: the admin key when it is presented (and then it must be right), otherwise a
 /// tenant key.
-pub fn admin_or_tenant(app: &App, headers: &HeaderMap) -> Result<Actor, ApiError> {
+pub fn admin_or_tenant(key: &AdminKey, headers: &HeaderMap) -> Result<Actor, ApiError> {
     if header(headers, ADMIN_KEY_HEADER).is_some() {
-        admin(app, headers)
+        admin(key, headers)
     } else {
         tenant(headers)
     }

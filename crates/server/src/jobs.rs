@@ -5,11 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{Maintain, Maintained};
-use store::{Load, Store};
+use store::{Engine, Load, Store};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-use crate::app::App;
 
 /// Work done per maintenance command: bounded, so the ledger lock is never held long. Each
 /// expiry is about as much work as a commit; at 1 000 per command a mass expiry (the holds
@@ -40,7 +38,12 @@ impl Sweeper {
 
 /// Expires reservations past their grace (returning their holds) and evicts records past
 /// their retention, through the store like any other command, so replays are deterministic.
-pub fn spawn_sweeper(app: Arc<App>, interval: Duration) -> Sweeper {
+/// Every `interval`; what it did is added to `counters`.
+pub fn spawn_sweeper(
+    store: Arc<Engine>,
+    counters: Arc<SweepCounters>,
+    interval: Duration,
+) -> Sweeper {
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -54,13 +57,11 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration) -> Sweeper {
             // batch at a time, with requests served in between.
             loop {
                 tokio::task::yield_now().await;
-                let reply = app
-                    .store()
+                let reply = store
                     .execute(Maintain { limit: SWEEP_BATCH }, Load::Busy)
                     .await;
                 match reply.map(|r| r.result) {
                     Ok(Ok(Maintained { expired, evicted })) => {
-                        let counters = app.sweep_counters();
                         counters
                             .expired
                             .fetch_add(expired as u64, Ordering::Relaxed);

@@ -4,6 +4,23 @@
 //! execute them on the store, and render the outcome. Every response carries
 //! `X-Request-Id` and `X-Cycles-Trace-Id`; every error body is the protocol's
 //! `{error, message, request_id, trace_id, details?}` (see [`correlation`]).
+//!
+//! # Modules
+//!
+//! Each layer uses only the layers below it, so the modules form no cycle:
+//!
+//! 1. `routes`: the route table, the handlers (`/metrics` among them) and the middleware.
+//! 2. `app`: the state every handler shares. It owns the store, the `auth::AdminKey`, the
+//!    `load::LoadTracker` that decides the [`store::Load`] of each command, the request
+//!    counters and the sweep's counters.
+//! 3. `metrics` (the request counters and the rendering of `/metrics`), `ratelimit`,
+//!    `correlation`.
+//! 4. What knows nothing of the application: `auth` (credentials), `load` (requests in
+//!    flight), `jobs` (the expiry sweep: the store and its counters), `reply`, `query`,
+//!    `ids`, `openapi`, `alloc_count`.
+//!
+//! This root wires them together. A test checks what it can of the rule: only `routes` uses
+//! `app`, nothing uses `routes`, and there is no cycle.
 
 #[cfg(feature = "alloc-count")]
 pub mod alloc_count;
@@ -12,6 +29,7 @@ mod auth;
 pub mod correlation;
 mod ids;
 mod jobs;
+mod load;
 mod metrics;
 mod openapi;
 mod query;
@@ -77,7 +95,11 @@ impl BoundServer {
     /// Serves until `shutdown` completes, then stops accepting, finishes in-flight requests,
     /// stops the background jobs and flushes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> io::Result<()> {
-        let sweeper = jobs::spawn_sweeper(self.app.clone(), self.sweep_interval);
+        let sweeper = jobs::spawn_sweeper(
+            self.app.store().clone(),
+            self.app.sweep_counters().clone(),
+            self.sweep_interval,
+        );
         let router = routes::router(self.app.clone(), self.rate_limit);
         let listener = self.listener.tap_io(|tcp| {
             // Replies are small and latency-bound: do not wait to coalesce them.
@@ -92,5 +114,129 @@ impl BoundServer {
         sweeper.stop().await;
         self.app.store().shutdown().await;
         served
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::fs;
+    use std::path::Path;
+
+    /// Each module of this crate (a file under `src/`, or a folder and everything in it) →
+    /// the modules it names as `crate::module` outside comments. The root is left out.
+    fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut graph = BTreeMap::new();
+        for entry in fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            let module = path.file_stem().unwrap().to_string_lossy().into_owned();
+            if module != "lib" {
+                let mut named = BTreeSet::new();
+                collect_names(&path, &mut named);
+                named.remove(&module);
+                graph.insert(module, named);
+            }
+        }
+        graph
+    }
+
+    fn collect_names(path: &Path, named: &mut BTreeSet<String>) {
+        if path.is_dir() {
+            for entry in fs::read_dir(path).unwrap() {
+                collect_names(&entry.unwrap().path(), named);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let source = fs::read_to_string(path).unwrap();
+            let code: Vec<&str> = source
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .collect();
+            let code = code.join("\n");
+            for (at, _) in code.match_indices("crate::") {
+                named.extend(first_segments(&code[at + "crate::".len()..]));
+            }
+        }
+    }
+
+    /// The first segment of the path that starts `rest`, or of each path in a `{...}` group.
+    fn first_segments(rest: &str) -> Vec<String> {
+        let segment = |path: &str| {
+            path.trim_start()
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        };
+        let Some(group) = rest.strip_prefix('{') else {
+            return vec![segment(rest)];
+        };
+        let (mut depth, mut start, mut paths) = (0, 0, Vec::new());
+        for (i, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth > 0 => depth -= 1,
+                ',' | '}' if depth == 0 => {
+                    paths.push(segment(&group[start..i]));
+                    start = i + 1;
+                    if c == '}' {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        paths.retain(|p| !p.is_empty());
+        paths
+    }
+
+    /// Whether a path of modules, each naming the next, leads from `module` back to the
+    /// first module of `path` (to `module` itself when `path` is empty); `path` then holds it.
+    fn cycle_through(
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        module: &str,
+        path: &mut Vec<String>,
+    ) -> bool {
+        if path.first().is_some_and(|first| first == module) {
+            return true;
+        }
+        if path.iter().any(|m| m == module) {
+            return false;
+        }
+        path.push(module.to_string());
+        if graph[module]
+            .iter()
+            .any(|next| cycle_through(graph, next, path))
+        {
+            return true;
+        }
+        path.pop();
+        false
+    }
+
+    #[test]
+    fn the_modules_form_layers() {
+        let graph = module_graph();
+        for (module, named) in &graph {
+            for name in named {
+                assert!(
+                    graph.contains_key(name),
+                    "{module} names crate::{name}, which is not a module: name the module \
+                     that defines it"
+                );
+                assert!(
+                    name != "app" || module == "routes",
+                    "{module} uses app: only routes may"
+                );
+                assert_ne!(name, "routes", "{module} uses routes");
+            }
+        }
+        for module in graph.keys() {
+            let mut path = Vec::new();
+            assert!(
+                !cycle_through(&graph, module, &mut path),
+                "the modules {path:?} form a cycle"
+            );
+        }
     }
 }

@@ -1,22 +1,17 @@
-//! `/metrics` in the Prometheus text format: requests by route and status, their latency,
-//! the store's counters, process memory and (with the `alloc-count` feature) heap
-//! allocations.
+//! The request counters and the Prometheus text rendering of every metric: requests by
+//! route and status, their latency, requests in flight, the sweep's and the store's counters,
+//! process memory and (with the `alloc-count` feature) heap allocations. The `/metrics`
+//! handler and the middleware that records each request are with the routes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use store::Store;
+use axum::http::Method;
+use store::Metric;
 
-use crate::app::App;
-use crate::auth::{self, Headers};
-use crate::reply::{Answer, Failure};
+use crate::jobs::SweepCounters;
 
 #[derive(Default)]
 struct RouteStats {
@@ -26,69 +21,17 @@ struct RouteStats {
 
 /// Request counters: route template → (method, status) → stats. Recording a request that
 /// was seen before allocates nothing.
+#[derive(Default)]
 pub struct HttpMetrics {
     routes: Mutex<HashMap<String, PerRoute>>,
-    /// Requests being answered right now.
-    in_flight: AtomicUsize,
-    /// When a request last arrived while another was in flight, in microseconds since
-    /// `epoch`.
-    last_overlap_us: AtomicU64,
-    epoch: Instant,
-}
-
-/// How long requests must have come one at a time before one counts as alone: long enough
-/// that a steady stream from several clients never does (their requests overlap every few
-/// hundred microseconds), short enough that a sequential client is alone from its second
-/// request on.
-const QUIET: Duration = Duration::from_millis(10);
-
-impl Default for HttpMetrics {
-    fn default() -> Self {
-        HttpMetrics {
-            routes: Mutex::default(),
-            in_flight: AtomicUsize::new(0),
-            last_overlap_us: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
-    }
 }
 
 /// One route's stats by (method, status).
 type PerRoute = HashMap<(&'static str, u16), RouteStats>;
 
 impl HttpMetrics {
-    /// Requests being answered right now, the caller's included.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    /// Whether the caller is the only request in flight and requests have come one at a
-    /// time for a while (see [`QUIET`]).
-    pub fn alone(&self) -> bool {
-        // The counter first: under load the clock is never read.
-        self.in_flight() <= 1 && self.alone_at(Instant::now())
-    }
-
-    fn alone_at(&self, now: Instant) -> bool {
-        self.in_flight() <= 1
-            && self.since_epoch_us(now)
-                >= self.last_overlap_us.load(Ordering::Relaxed) + QUIET.as_micros() as u64
-    }
-
-    fn since_epoch_us(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_micros() as u64
-    }
-
-    /// Counts a request in until the returned guard drops, noting when it overlaps another.
-    fn enter(&self, at: Instant) -> InFlight<'_> {
-        if self.in_flight.fetch_add(1, Ordering::Relaxed) > 0 {
-            self.last_overlap_us
-                .fetch_max(self.since_epoch_us(at), Ordering::Relaxed);
-        }
-        InFlight(&self.in_flight)
-    }
-
-    fn record(&self, method: &'static str, route: &str, status: u16, seconds: f64) {
+    /// Counts one answered request (`method` from [`method_name`]).
+    pub fn record(&self, method: &'static str, route: &str, status: u16, seconds: f64) {
         let Ok(mut routes) = self.routes.lock() else {
             return;
         };
@@ -118,16 +61,8 @@ impl HttpMetrics {
     }
 }
 
-/// Counts a request in flight until it is answered or dropped (a client that hangs up).
-struct InFlight<'a>(&'a AtomicUsize);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn method_name(m: &Method) -> &'static str {
+/// The method's label: a static string, so recording a request allocates nothing for it.
+pub fn method_name(m: &Method) -> &'static str {
     match *m {
         Method::GET => "GET",
         Method::POST => "POST",
@@ -138,25 +73,6 @@ fn method_name(m: &Method) -> &'static str {
         Method::OPTIONS => "OPTIONS",
         _ => "OTHER",
     }
-}
-
-/// Runs the rest of the request, counted in flight, and records it by route and status.
-pub async fn observe(app: &App, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = method_name(request.method());
-    // A clone of the matched path shares its string: no allocation.
-    let route = request.extensions().get::<MatchedPath>().cloned();
-    let response = {
-        let _counted = app.http_metrics().enter(started);
-        next.run(request).await
-    };
-    app.http_metrics().record(
-        method,
-        route.as_ref().map_or("unmatched", |p| p.as_str()),
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    response
 }
 
 /// Resident and peak resident memory in bytes, from `/proc/self/status` (Linux).
@@ -177,10 +93,15 @@ fn gauge(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::
     );
 }
 
-/// Renders every metric.
-fn render(app: &App) -> String {
+/// Renders every metric: `in_flight` requests are being answered (the caller's included).
+pub fn render(
+    http: &HttpMetrics,
+    in_flight: usize,
+    sweep: &SweepCounters,
+    store_metrics: &[Metric],
+) -> String {
     let mut out = String::new();
-    let series = app.http_metrics().series();
+    let series = http.series();
     out.push_str("# HELP cycles_http_requests_total HTTP requests answered.\n# TYPE cycles_http_requests_total counter\n");
     for ((m, r, s), (count, _)) in &series {
         let _ = writeln!(
@@ -200,9 +121,8 @@ fn render(app: &App) -> String {
         "cycles_http_requests_in_flight",
         "Requests being answered (this one included).",
         "gauge",
-        app.http_metrics().in_flight(),
+        in_flight,
     );
-    let sweep = app.sweep_counters();
     gauge(
         &mut out,
         "cycles_sweep_expired_total",
@@ -217,7 +137,7 @@ fn render(app: &App) -> String {
         "counter",
         sweep.evicted.load(Ordering::Relaxed),
     );
-    for m in app.store().metrics() {
+    for m in store_metrics {
         let kind = if m.counter { "counter" } else { "gauge" };
         gauge(&mut out, m.name, m.help, kind, m.value);
     }
@@ -246,48 +166,4 @@ fn render(app: &App) -> String {
         crate::alloc_count::allocations(),
     );
     out
-}
-
-/// `GET /metrics`: the admin key is required unless the operator made it public.
-pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> Answer {
-    if !app.public_metrics() {
-        auth::admin(&app, &headers).map_err(Failure::from)?;
-    }
-    let mut response = (StatusCode::OK, render(&app)).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    Ok(response)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_is_alone_only_after_a_quiet_period_without_overlaps() {
-        let metrics = HttpMetrics::default();
-        let t0 = metrics.epoch + QUIET;
-        let first = metrics.enter(t0);
-        assert_eq!(metrics.in_flight(), 1);
-        assert!(metrics.alone_at(t0), "one request, nothing overlapped yet");
-
-        let t1 = t0 + Duration::from_millis(1);
-        let second = metrics.enter(t1);
-        assert_eq!(metrics.in_flight(), 2);
-        assert!(!metrics.alone_at(t1), "two in flight");
-        drop(second);
-        let t2 = t1 + QUIET / 2;
-        assert!(
-            !metrics.alone_at(t2),
-            "one in flight, but requests overlapped just now"
-        );
-        assert!(
-            metrics.alone_at(t1 + QUIET),
-            "one in flight after a quiet period"
-        );
-        drop(first);
-        assert_eq!(metrics.in_flight(), 0);
-    }
 }

@@ -60,7 +60,7 @@ pub async fn create_tenant(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let request: TenantCreateRequest = body(&app, &actor, &bytes).await?;
     let operation = CreateTenant {
         actor,
@@ -80,7 +80,7 @@ pub async fn get_tenant(
     Path(id): Path<String>,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let operation = GetTenant {
         actor,
         tenant_id: id,
@@ -95,7 +95,7 @@ pub async fn update_tenant(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let request: TenantUpdateRequest = body(&app, &actor, &bytes).await?;
     let operation = UpdateTenant {
         actor,
@@ -111,7 +111,7 @@ pub async fn create_api_key(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let request: ApiKeyCreateRequest = body(&app, &actor, &bytes).await?;
     let secret = ids::new_key_secret();
     let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
@@ -132,7 +132,7 @@ pub async fn revoke_api_key(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let reason = Query::parse(raw.as_deref())
         .get("reason")
         .map(str::to_string);
@@ -154,7 +154,7 @@ pub async fn create_budget(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: BudgetCreateRequest = body(&app, &actor, &bytes).await?;
     let operation = CreateBudget {
         actor,
@@ -193,7 +193,7 @@ pub async fn list_budgets(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let operation = |query| ListBudgets {
         actor: actor.clone(),
@@ -222,7 +222,7 @@ pub async fn lookup_budget(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let (scope, unit) = app
         .validated(&actor, Plane::Admin, || budget_address(&q))
@@ -239,7 +239,7 @@ pub async fn fund_budget(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let fund = app
         .validated(&actor, Plane::Admin, || {
@@ -259,7 +259,7 @@ pub async fn update_budget(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin(&app, &headers)?;
+    let actor = auth::admin(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let (scope, unit, patch) = app
         .validated(&actor, Plane::Admin, || {
@@ -285,7 +285,7 @@ async fn set_frozen(
     bytes: &Bytes,
     frozen: bool,
 ) -> Answer {
-    let actor = auth::admin(app, headers)?;
+    let actor = auth::admin(app.admin_key(), headers)?;
     let q = Query::parse(raw.as_deref());
     let (scope, unit) = app
         .validated(&actor, Plane::Admin, || budget_address(&q))

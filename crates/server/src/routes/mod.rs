@@ -2,6 +2,7 @@
 
 mod admin;
 mod health;
+mod metrics;
 mod policies;
 mod runtime;
 
@@ -16,7 +17,6 @@ use protocol::MAX_BODY_BYTES;
 
 use crate::app::App;
 use crate::correlation::{self, Correlation};
-use crate::metrics;
 use crate::openapi;
 use crate::ratelimit::{self, Limiter, RateLimit};
 

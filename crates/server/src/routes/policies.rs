@@ -26,7 +26,7 @@ pub async fn create_policy(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: PolicyCreateRequest = app
         .validated(&actor, Plane::Admin, || parse_body(&bytes))
         .await?;
@@ -59,7 +59,7 @@ pub async fn list_policies(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let operation = |query| ListPolicies {
         actor: actor.clone(),
@@ -82,7 +82,7 @@ pub async fn update_policy(
     Headers(headers): Headers,
     bytes: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: PolicyUpdateRequest = app
         .validated(&actor, Plane::Admin, || parse_body(&bytes))
         .await?;

@@ -133,7 +133,7 @@ pub async fn release(
     Headers(headers): Headers,
     body: Bytes,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let (released, tenant) = on_reservation(
         &app,
         actor,
@@ -196,7 +196,7 @@ pub async fn get_reservation(
     Path(id): Path<String>,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let id = app
         .validated(&actor, Plane::Runtime, || reservation_path(&id))
         .await?;
@@ -254,7 +254,7 @@ pub async fn list_reservations(
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
 ) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
+    let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let q = Query::parse(raw.as_deref());
     let query = app
         .validated(&actor, Plane::Runtime, || {

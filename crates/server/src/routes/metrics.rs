@@ -1,0 +1,54 @@
+//! `GET /metrics` in the Prometheus text format ([`crate::metrics`] renders it), and the
+//! part of every request that feeds it and the load tracker.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use store::Store;
+
+use crate::app::App;
+use crate::auth::{self, Headers};
+use crate::metrics::{method_name, render};
+use crate::reply::{Answer, Failure};
+
+/// Runs the rest of the request, counted in flight, and records it by route and status.
+pub async fn observe(app: &App, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = method_name(request.method());
+    // A clone of the matched path shares its string: no allocation.
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let response = {
+        let _counted = app.load().enter(started);
+        next.run(request).await
+    };
+    app.http_metrics().record(
+        method,
+        route.as_ref().map_or("unmatched", |p| p.as_str()),
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// `GET /metrics`: the admin key is required unless the operator made it public.
+pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> Answer {
+    if !app.public_metrics() {
+        auth::admin(app.admin_key(), &headers).map_err(Failure::from)?;
+    }
+    let body = render(
+        app.http_metrics(),
+        app.load().in_flight(),
+        app.sweep_counters(),
+        &app.store().metrics(),
+    );
+    let mut response = (StatusCode::OK, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    Ok(response)
+}
