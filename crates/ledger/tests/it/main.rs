@@ -1,0 +1,3 @@
+//! The ledger's integration tests, in one binary.
+
+mod properties;
