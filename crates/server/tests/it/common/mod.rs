@@ -3,8 +3,6 @@
 //! Every behaviour test is written once against [`TestServer`] and stamped out per storage
 //! engine by [`engine_tests!`]. Time is a [`ManualClock`]: tests move it instead of sleeping.
 
-#![allow(dead_code)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,7 +92,8 @@ pub struct TestServer {
     http: reqwest::Client,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
-    pub dir: TempDir,
+    /// The data directory, removed when the server is dropped.
+    _dir: TempDir,
 }
 
 impl TestServer {
@@ -131,7 +130,7 @@ impl TestServer {
             http: reqwest::Client::new(),
             shutdown: Some(tx),
             task: Some(task),
-            dir,
+            _dir: dir,
         }
     }
 

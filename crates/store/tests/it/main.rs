@@ -1,0 +1,3 @@
+//! The store's integration tests, in one binary.
+
+mod recovery;
