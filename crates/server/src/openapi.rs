@@ -4,7 +4,7 @@
 //!
 //! Schemas are derived from the `protocol` types, the crate that owns the wire format. The
 //! operations are declared below, one stub function per route, so the handlers stay free of
-//! documentation attributes. `tests/openapi.rs` holds this list to the router and validates
+//! documentation attributes. `tests/it/openapi.rs` holds this list to the router and validates
 //! real responses against the schemas.
 
 use axum::Router;

@@ -2,11 +2,9 @@
 //! ALLOW_IF_AVAILABLE and ALLOW_WITH_OVERDRAFT on commits and direct events, the over-limit and
 //! debt states they leave behind, how funding clears them, and frozen budgets.
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer};
+use crate::common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer};
 use serde_json::{json, Value};
 
 const UNIT: &str = "USD_MICROCENTS";

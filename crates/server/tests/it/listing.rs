@@ -1,10 +1,8 @@
 //! `GET /v1/reservations`: filters, orders, cursors bound to their query, stable pages.
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::{reserve_body, As, Engine, TestServer, T0};
+use crate::common::{reserve_body, As, Engine, TestServer, T0};
 use serde_json::{json, Value};
 
 engine_tests!(

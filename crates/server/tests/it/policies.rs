@@ -1,8 +1,6 @@
 //! Policies: caps (ALLOW_WITH_CAPS), overage and TTL rules matched by scope pattern.
 
-mod common;
-
-use common::{amount, reserve_body, As, Engine, TestServer, T0};
+use crate::common::{amount, reserve_body, As, Engine, TestServer, T0};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -2,9 +2,7 @@
 //! payloads under one key conflict, namespaces are per endpoint (and per reservation), and
 //! failures are not remembered.
 
-mod common;
-
-use common::{amount, reserve_body, As, Engine, Resp, TestServer};
+use crate::common::{self, amount, reserve_body, As, Engine, Resp, TestServer};
 use serde_json::{json, Value};
 
 engine_tests!(

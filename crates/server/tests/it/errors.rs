@@ -2,9 +2,7 @@
 //! error that names the offending field and leaves the ledger untouched, and every success
 //! body is one the strict official clients accept.
 
-mod common;
-
-use common::{reserve_body, As, Engine, Resp, TestServer};
+use crate::common::{self, reserve_body, As, Engine, Resp, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -2,11 +2,9 @@
 //! (runtime spec §1 core invariants), concurrent commits charge exactly what they report, and
 //! concurrent same-key requests settle exactly once (§6.8).
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{amount, assert_invariant, reserve_body, Engine, TestServer};
+use crate::common::{amount, assert_invariant, reserve_body, Engine, TestServer};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 

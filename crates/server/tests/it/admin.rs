@@ -1,11 +1,9 @@
 //! The admin plane's provisioning slice over HTTP (admin spec §2.1, §2.2, §2.4, §3.1–§3.4):
 //! tenants, API keys, budget creation/listing/lookup, funding and its idempotency.
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer};
+use crate::common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 

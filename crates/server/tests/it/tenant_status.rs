@@ -2,9 +2,7 @@
 //! its evaluations DENY with TENANT_CLOSED, replays and reads keep working; a SUSPENDED
 //! tenant takes no new reservations but settles the ones it has. Also rate limiting.
 
-mod common;
-
-use common::{amount, reserve_body, As, Engine, TestServer};
+use crate::common::{amount, reserve_body, As, Engine, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -5,13 +5,11 @@
 //! success bodies strictly (exact status, closed field sets, no nulls): a response it does not
 //! accept surfaces here as an SDK error, so these tests are also wire-compatibility tests.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{amount, Engine, TestServer, T0};
+use crate::common::{amount, Engine, TestServer, T0};
 use runcycles::models::{
     Action, Amount, BalanceParams, CommitRequest, CommitStatus, Decision, DecisionRequest,
     EventCreateRequest, EventStatus, ExtendRequest, ExtendStatus, IdempotencyKey,

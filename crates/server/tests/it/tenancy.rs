@@ -1,8 +1,6 @@
 //! Authentication and tenancy over HTTP: who may call what, and on whose data.
 
-mod common;
-
-use common::{reserve_body, As, Engine, Resp, TestServer, ADMIN_KEY};
+use crate::common::{self, reserve_body, As, Engine, Resp, TestServer, ADMIN_KEY};
 use reqwest::Method;
 use serde_json::{json, Value};
 

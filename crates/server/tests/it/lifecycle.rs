@@ -1,8 +1,6 @@
 //! The reservation lifecycle over HTTP: reserve → commit / release / extend, reads.
 
-mod common;
-
-use common::{amount, assert_invariant, reserve_body, As, Engine, TestServer, T0};
+use crate::common::{amount, assert_invariant, reserve_body, As, Engine, TestServer, T0};
 use serde_json::json;
 
 engine_tests!(

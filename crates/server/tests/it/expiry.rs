@@ -2,11 +2,9 @@
 //! default TTL and grace, the tenant's TTL cap, the commit/release window, extend, the
 //! extension cap, reads of lapsed reservations, and the background sweep.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer, T0};
+use crate::common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer, T0};
 use serde_json::{json, Value};
 
 const UNIT: &str = "USD_MICROCENTS";

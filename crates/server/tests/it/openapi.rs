@@ -3,11 +3,9 @@
 //! request bodies that produced them) validate against the document's own schemas, and
 //! Swagger UI is served from the binary.
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{reserve_body, As, Engine, Resp, TestServer};
+use crate::common::{reserve_body, As, Engine, Resp, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -19,7 +17,7 @@ engine_tests!(
 );
 
 /// The router's source: the single source of truth for what is routed.
-const ROUTER_SOURCE: &str = include_str!("../src/routes/mod.rs");
+const ROUTER_SOURCE: &str = include_str!("../../src/routes/mod.rs");
 /// Routes merged into the router outside `routes/mod.rs`'s `.route(..)` calls.
 const MERGED_ROUTES: [(&str, &str); 1] = [("GET", "/openapi.json")];
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];

@@ -1,0 +1,3 @@
+//! The `cycles` binary's integration tests, in one binary.
+
+mod crash;

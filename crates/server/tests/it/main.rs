@@ -1,0 +1,22 @@
+//! The server's integration tests, in one binary: each module is one behaviour area, driven
+//! over real HTTP through the harness in [`common`].
+//!
+//! One binary links the server, reqwest and the SDK once instead of once per area.
+
+// First, so that `engine_tests!` is in scope in every module below.
+#[macro_use]
+mod common;
+
+mod admin;
+mod concurrency;
+mod errors;
+mod expiry;
+mod idempotency;
+mod lifecycle;
+mod listing;
+mod openapi;
+mod overage;
+mod policies;
+mod sdk_rust;
+mod tenancy;
+mod tenant_status;

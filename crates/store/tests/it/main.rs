@@ -1,0 +1,4 @@
+//! The store's integration tests, in one binary.
+
+mod compat;
+mod recovery;
