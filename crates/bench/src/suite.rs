@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tokio::sync::Semaphore;
 
-use crate::api::{Admin, Runtime, Tenant, ESTIMATE, FIXTURE_TTL_MS};
+use crate::api::{Admin, Runtime, Tenant, ESTIMATE};
 use crate::envinfo::Environment;
 use crate::floors;
 use crate::http::{Conn, Target};
@@ -445,7 +445,7 @@ impl Suite {
             tasks.push(tokio::spawn(async move {
                 while next.fetch_add(1, Ordering::Relaxed) < rows {
                     loop {
-                        match rt.reserve_for(FIXTURE_TTL_MS).await {
+                        match rt.reserve_fixture().await {
                             Ok(_) => break,
                             Err(e) if errors.fetch_add(1, Ordering::Relaxed) >= 100 => {
                                 return Err(e.context("building a list fixture"))

@@ -2,10 +2,15 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use protocol::admin::{
+    ApiKeyCreateRequest, BudgetCreateRequest, BudgetFundingRequest, TenantCreateRequest,
+};
+use protocol::{Amount, WirePolicy, WireUnit};
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde::de::{DeserializeOwned, IntoDeserializer};
+use serde_json::Value;
 
-use crate::client::{q, Client, Target};
+use crate::client::{q, Client, Target, NO_BODY};
 
 #[derive(Args)]
 pub struct AdminArgs {
@@ -67,22 +72,22 @@ enum BudgetCmd {
     Create {
         #[arg(long)]
         scope: String,
-        #[arg(long, default_value = "USD_MICROCENTS")]
-        unit: String,
+        #[arg(long, default_value = "USD_MICROCENTS", value_parser = wire_name::<WireUnit>)]
+        unit: WireUnit,
         #[arg(long)]
         allocated: i64,
         #[arg(long)]
         overdraft_limit: Option<i64>,
         /// REJECT, ALLOW_IF_AVAILABLE or ALLOW_WITH_OVERDRAFT.
-        #[arg(long)]
-        overage_policy: Option<String>,
+        #[arg(long, value_parser = wire_name::<WirePolicy>)]
+        overage_policy: Option<WirePolicy>,
     },
     /// Fund a budget: CREDIT, DEBIT, RESET, RESET_SPENT or REPAY_DEBT.
     Fund {
         #[arg(long)]
         scope: String,
-        #[arg(long, default_value = "USD_MICROCENTS")]
-        unit: String,
+        #[arg(long, default_value = "USD_MICROCENTS", value_parser = wire_name::<WireUnit>)]
+        unit: WireUnit,
         #[arg(long)]
         op: String,
         #[arg(long)]
@@ -95,9 +100,15 @@ enum BudgetCmd {
     Show {
         #[arg(long)]
         scope: String,
-        #[arg(long, default_value = "USD_MICROCENTS")]
-        unit: String,
+        #[arg(long, default_value = "USD_MICROCENTS", value_parser = wire_name::<WireUnit>)]
+        unit: WireUnit,
     },
+}
+
+/// Parses a flag as a `protocol` enum by its wire name (e.g. `USD_MICROCENTS`): the CLI
+/// accepts exactly the values the server does.
+fn wire_name<T: DeserializeOwned>(value: &str) -> Result<T, String> {
+    T::deserialize(value.into_deserializer()).map_err(|e: serde::de::value::Error| e.to_string())
 }
 
 /// The tenant a scope belongs to (`tenant:<id>/…`).
@@ -109,29 +120,30 @@ fn scope_tenant(scope: &str) -> anyhow::Result<String> {
 
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.target)?;
-    let out = match args.what {
+    // The answer is shown whole: every field the server sent, not a response type's view.
+    let out: Value = match args.what {
         What::Tenant(TenantCmd::Create { id, name }) => client.call(
             Method::POST,
             "/v1/admin/tenants",
-            Some(&json!({"tenant_id": id, "name": name})),
+            Some(&TenantCreateRequest::new(id, name)),
         )?,
         What::Key(KeyCmd::Create {
             tenant,
             name,
             permissions,
         }) => {
-            let mut body = json!({"tenant_id": tenant, "name": name});
-            if !permissions.is_empty() {
-                body["permissions"] = json!(permissions);
-            }
-            client.call(Method::POST, "/v1/admin/api-keys", Some(&body))?
+            let request = ApiKeyCreateRequest {
+                permissions: (!permissions.is_empty()).then_some(permissions),
+                ..ApiKeyCreateRequest::new(tenant, name)
+            };
+            client.call(Method::POST, "/v1/admin/api-keys", Some(&request))?
         }
         What::Key(KeyCmd::Revoke { key_id, reason }) => {
             let mut path = format!("/v1/admin/api-keys/{}", q(&key_id));
             if let Some(r) = reason {
                 path.push_str(&format!("?reason={}", q(&r)));
             }
-            client.call(Method::DELETE, &path, None)?
+            client.call(Method::DELETE, &path, NO_BODY)?
         }
         What::Budget(BudgetCmd::Create {
             scope,
@@ -140,19 +152,20 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
             overdraft_limit,
             overage_policy,
         }) => {
-            let mut body = json!({
-                "tenant_id": scope_tenant(&scope)?,
-                "scope": scope,
-                "unit": unit,
-                "allocated": {"unit": unit, "amount": allocated},
-            });
-            if let Some(limit) = overdraft_limit {
-                body["overdraft_limit"] = json!({"unit": unit, "amount": limit});
-            }
-            if let Some(p) = overage_policy {
-                body["commit_overage_policy"] = Value::String(p);
-            }
-            client.call(Method::POST, "/v1/admin/budgets", Some(&body))?
+            let tenant = scope_tenant(&scope)?;
+            let request = BudgetCreateRequest {
+                overdraft_limit: overdraft_limit.map(|amount| Amount { unit, amount }),
+                commit_overage_policy: overage_policy,
+                ..BudgetCreateRequest::new(
+                    Some(tenant),
+                    scope,
+                    Amount {
+                        unit,
+                        amount: allocated,
+                    },
+                )
+            };
+            client.call(Method::POST, "/v1/admin/budgets", Some(&request))?
         }
         What::Budget(BudgetCmd::Fund {
             scope,
@@ -164,23 +177,27 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
             let path = format!(
                 "/v1/admin/budgets/fund?scope={}&unit={}&tenant_id={}",
                 q(&scope),
-                q(&unit),
+                unit.as_str(),
                 q(&scope_tenant(&scope)?)
             );
-            let mut body = json!({"operation": op, "amount": {"unit": unit, "amount": amount}});
-            if let Some(k) = idempotency_key {
-                body["idempotency_key"] = Value::String(k);
-            }
-            client.call(Method::POST, &path, Some(&body))?
+            let request = BudgetFundingRequest {
+                operation: op,
+                amount: Amount { unit, amount },
+                spent: None,
+                reason: None,
+                idempotency_key,
+                metadata: None,
+            };
+            client.call(Method::POST, &path, Some(&request))?
         }
         What::Budget(BudgetCmd::Show { scope, unit }) => client.call(
             Method::GET,
             &format!(
                 "/v1/admin/budgets/lookup?scope={}&unit={}",
                 q(&scope),
-                q(&unit)
+                unit.as_str()
             ),
-            None,
+            NO_BODY,
         )?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::serve::ADMIN_KEY_FILE;
@@ -21,6 +23,9 @@ pub struct Target {
     #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
     pub data_dir: PathBuf,
 }
+
+/// The body of a request that has none (`GET`, `DELETE`).
+pub const NO_BODY: Option<&()> = None;
 
 pub struct Client {
     http: reqwest::Client,
@@ -56,12 +61,13 @@ impl Client {
         })
     }
 
-    /// Sends a request with the admin key; returns the status and the JSON body.
+    /// Sends a request with the admin key and `body` (a `protocol` request) as JSON; returns
+    /// the status and the JSON body.
     pub fn send(
         &self,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<&impl Serialize>,
     ) -> anyhow::Result<(u16, Value)> {
         self.runtime.block_on(async {
             let mut req = self
@@ -82,18 +88,19 @@ impl Client {
         })
     }
 
-    /// Like [`Client::send`], but a non-2xx answer is an error showing the server's message.
-    pub fn call(
+    /// Like [`Client::send`], but a non-2xx answer is an error showing the server's message,
+    /// and a 2xx body is read as `R` (a `protocol` response, or `Value` to show it whole).
+    pub fn call<R: DeserializeOwned>(
         &self,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
-    ) -> anyhow::Result<Value> {
+        body: Option<&impl Serialize>,
+    ) -> anyhow::Result<R> {
         let (status, json) = self.send(method, path, body)?;
         if !(200..300).contains(&status) {
             bail!("HTTP {status}: {}", serde_json::to_string_pretty(&json)?);
         }
-        Ok(json)
+        serde_json::from_value(json).context("the server's answer is not the expected shape")
     }
 }
 

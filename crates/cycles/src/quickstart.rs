@@ -2,8 +2,12 @@
 //! commands to try a reservation with them.
 
 use anyhow::bail;
+use protocol::admin::{
+    ApiKeyCreateRequest, ApiKeyCreateResponse, BudgetCreateRequest, TenantCreateRequest,
+};
+use protocol::runtime::{CommitRequest, ReservationCreateRequest};
+use protocol::{Action, Amount, Subject, WireUnit};
 use reqwest::Method;
-use serde_json::json;
 
 use crate::client::{Client, Target};
 
@@ -11,39 +15,74 @@ const TENANT: &str = "demo";
 /// $1.00 in USD_MICROCENTS (1 USD = 10^8).
 const BUDGET: i64 = 100_000_000;
 
+fn usd_microcents(amount: i64) -> Amount {
+    Amount {
+        unit: WireUnit::UsdMicrocents,
+        amount,
+    }
+}
+
+/// The example reservation: 0.1 cent for one model call by the demo tenant's agent.
+fn example_reservation() -> ReservationCreateRequest {
+    ReservationCreateRequest {
+        idempotency_key: "demo-1".into(),
+        subject: Subject {
+            tenant: Some(TENANT.into()),
+            agent: Some("bot".into()),
+            ..Subject::default()
+        },
+        action: Action {
+            kind: "llm.completion".into(),
+            name: "gpt-4o-mini".into(),
+            tags: None,
+        },
+        estimate: usd_microcents(100_000),
+        ttl_ms: None,
+        grace_period_ms: None,
+        overage_policy: None,
+        dry_run: None,
+        metadata: None,
+    }
+}
+
+/// The example commit of what that call really spent.
+fn example_commit() -> CommitRequest {
+    CommitRequest {
+        idempotency_key: "demo-1-commit".into(),
+        actual: usd_microcents(42_000),
+        metrics: None,
+        metadata: None,
+    }
+}
+
 pub fn run(target: Target) -> anyhow::Result<()> {
     let client = Client::new(&target)?;
-    let (status, body) = client.send(
-        Method::POST,
-        "/v1/admin/tenants",
-        Some(&json!({"tenant_id": TENANT, "name": "Demo tenant"})),
-    )?;
+    let tenant = TenantCreateRequest::new(TENANT.into(), "Demo tenant".into());
+    let (status, body) = client.send(Method::POST, "/v1/admin/tenants", Some(&tenant))?;
     if !(200..300).contains(&status) {
         bail!("creating the demo tenant failed: HTTP {status}: {body}");
     }
-    let key = client.call(
+    let key: ApiKeyCreateResponse = client.call(
         Method::POST,
         "/v1/admin/api-keys",
-        Some(&json!({"tenant_id": TENANT, "name": "quickstart"})),
+        Some(&ApiKeyCreateRequest::new(
+            TENANT.into(),
+            "quickstart".into(),
+        )),
     )?;
-    let secret = key["key_secret"].as_str().unwrap_or_default().to_string();
+    let secret = key.key_secret;
     let scope = format!("tenant:{TENANT}");
-    let (status, body) = client.send(
-        Method::POST,
-        "/v1/admin/budgets",
-        Some(&json!({
-            "tenant_id": TENANT,
-            "scope": scope,
-            "unit": "USD_MICROCENTS",
-            "allocated": {"unit": "USD_MICROCENTS", "amount": BUDGET},
-        })),
-    )?;
+    let budget =
+        BudgetCreateRequest::new(Some(TENANT.into()), scope.clone(), usd_microcents(BUDGET));
+    let (status, body) = client.send(Method::POST, "/v1/admin/budgets", Some(&budget))?;
     match status {
         200..=299 => {}
         409 => println!("(the demo budget already exists; keeping it)"),
         _ => bail!("creating the demo budget failed: HTTP {status}: {body}"),
     }
     let url = target.url.trim_end_matches('/');
+    let reservation = serde_json::to_string(&example_reservation())?;
+    let commit = serde_json::to_string(&example_commit())?;
     println!(
         r#"Tenant "{TENANT}" has a $1.00 budget at {scope} (USD_MICROCENTS).
 Its API key (shown once):
@@ -56,13 +95,11 @@ Reserve 0.1 cent, then commit what was really spent:
 
   curl -s -X POST $CYCLES_BASE_URL/v1/reservations \
     -H "X-Cycles-API-Key: $CYCLES_API_KEY" -H 'Content-Type: application/json' \
-    -d '{{"idempotency_key":"demo-1","subject":{{"tenant":"{TENANT}","agent":"bot"}},
-         "action":{{"kind":"llm.completion","name":"gpt-4o-mini"}},
-         "estimate":{{"unit":"USD_MICROCENTS","amount":100000}}}}'
+    -d '{reservation}'
 
   curl -s -X POST $CYCLES_BASE_URL/v1/reservations/<reservation_id>/commit \
     -H "X-Cycles-API-Key: $CYCLES_API_KEY" -H 'Content-Type: application/json' \
-    -d '{{"idempotency_key":"demo-1-commit","actual":{{"unit":"USD_MICROCENTS","amount":42000}}}}'
+    -d '{commit}'
 
   curl -s "$CYCLES_BASE_URL/v1/balances?tenant={TENANT}" -H "X-Cycles-API-Key: $CYCLES_API_KEY"
 
@@ -77,4 +114,20 @@ Or with the Python SDK (pip install runcycles):
 "#
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::parse_body;
+
+    use super::*;
+
+    /// What the quickstart tells people to send is what the server accepts.
+    #[test]
+    fn the_printed_examples_are_valid_requests() {
+        let reservation = serde_json::to_vec(&example_reservation()).unwrap();
+        parse_body::<ReservationCreateRequest>(&reservation).unwrap();
+        let commit = serde_json::to_vec(&example_commit()).unwrap();
+        parse_body::<CommitRequest>(&commit).unwrap();
+    }
 }

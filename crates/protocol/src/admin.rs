@@ -1,5 +1,6 @@
 //! The admin plane's provisioning slice: tenants, API keys, budgets and funding.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use ledger::{
@@ -92,22 +93,29 @@ pub struct TenantCreateRequest {
     pub tenant_id: String,
     #[schema(min_length = 1, max_length = 256)]
     pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(min_length = 3, max_length = 64, pattern = "^[a-z0-9-]+$")]
     pub parent_tenant_id: Option<String>,
     /// At most 32 entries.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
     /// Defaults to ALLOW_IF_AVAILABLE.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub default_commit_overage_policy: Option<WirePolicy>,
     /// Defaults to 60000.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1_000, maximum = 86_400_000)]
     pub default_reservation_ttl_ms: Option<i64>,
     /// Defaults to 3600000.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1_000, maximum = 86_400_000)]
     pub max_reservation_ttl_ms: Option<i64>,
     /// Defaults to 10.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 4_294_967_295_i64)]
     pub max_reservation_extensions: Option<i64>,
     /// Defaults to AUTO_RELEASE.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<ReservationExpiryPolicy>, inline)]
     pub reservation_expiry_policy: Option<String>,
 }
@@ -155,6 +163,21 @@ impl Validate for TenantCreateRequest {
 }
 
 impl TenantCreateRequest {
+    /// A request with only the required fields: the server's defaults apply to the rest.
+    pub fn new(tenant_id: String, name: String) -> Self {
+        TenantCreateRequest {
+            tenant_id,
+            name,
+            parent_tenant_id: None,
+            metadata: None,
+            default_commit_overage_policy: None,
+            default_reservation_ttl_ms: None,
+            max_reservation_ttl_ms: None,
+            max_reservation_extensions: None,
+            reservation_expiry_policy: None,
+        }
+    }
+
     pub fn into_new(self) -> ledger::NewTenant {
         ledger::NewTenant {
             tenant_id: self.tenant_id,
@@ -279,7 +302,7 @@ impl From<Tenant> for TenantResponse {
 }
 
 /// `ApiKeyCreateRequest`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(description = "A new API key for an ACTIVE tenant.")]
 pub struct ApiKeyCreateRequest {
@@ -287,16 +310,21 @@ pub struct ApiKeyCreateRequest {
     pub tenant_id: String,
     #[schema(min_length = 1, max_length = 256)]
     pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 1024)]
     pub description: Option<String>,
     /// Defaults to the reservations:*, balances:read, budgets:* and policies:* permissions.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<PermissionSchema>>)]
     pub permissions: Option<Vec<String>>,
     /// Scope prefixes (each up to 256 characters), recorded and reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub scope_filter: Option<Vec<String>>,
     /// Defaults to one year from creation.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime)]
     pub expires_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
@@ -322,6 +350,19 @@ impl Validate for ApiKeyCreateRequest {
 }
 
 impl ApiKeyCreateRequest {
+    /// A request with only the required fields: the server's defaults apply to the rest.
+    pub fn new(tenant_id: String, name: String) -> Self {
+        ApiKeyCreateRequest {
+            tenant_id,
+            name,
+            description: None,
+            permissions: None,
+            scope_filter: None,
+            expires_at: None,
+            metadata: None,
+        }
+    }
+
     /// `secret` is the new key's plaintext; only its digest is kept.
     pub fn into_new(self, key_id: String, secret: &str, digest: [u8; 32]) -> ledger::NewApiKey {
         ledger::NewApiKey {
@@ -345,12 +386,14 @@ impl ApiKeyCreateRequest {
     }
 }
 
-fn permission_names(ps: &[Permission]) -> Vec<&'static str> {
-    ps.iter().map(|p| p.as_str()).collect()
+/// Permission names as the response type holds them (borrowed from the domain enum either way).
+fn permission_names<T: From<&'static str>>(ps: &[Permission]) -> Vec<T> {
+    ps.iter().map(|p| p.as_str().into()).collect()
 }
 
-/// `ApiKeyCreateResponse`: the only time the secret is shown.
-#[derive(Debug, Serialize, ToSchema)]
+/// `ApiKeyCreateResponse`: the only time the secret is shown. Clients read it too, so its
+/// enum strings are `Cow`: borrowed when the server renders it, owned when a client parses it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[schema(description = "A new API key: the only time its secret is shown.")]
 pub struct ApiKeyCreateResponse {
     pub key_id: String,
@@ -358,7 +401,7 @@ pub struct ApiKeyCreateResponse {
     pub key_prefix: String,
     pub tenant_id: String,
     #[schema(value_type = Vec<PermissionSchema>)]
-    pub permissions: Vec<&'static str>,
+    pub permissions: Vec<Cow<'static, str>>,
     #[schema(format = DateTime)]
     pub created_at: String,
     #[schema(format = DateTime)]
@@ -433,11 +476,12 @@ impl ApiKeyResponse {
 const ROLLOVER_POLICIES: &str = "NONE, CARRY_FORWARD, CAP_AT_ALLOCATED";
 
 /// `BudgetCreateRequest`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(description = "A new budget at one (scope, unit).")]
 pub struct BudgetCreateRequest {
     /// Required with the admin key; must be absent with a tenant key (the key's tenant is used).
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(min_length = 3, max_length = 64, pattern = "^[a-z0-9-]+$")]
     pub tenant_id: Option<String>,
     /// `tenant:<id>[/workspace:<v>[/app:<v>...]]`, levels in order, each at most once.
@@ -447,16 +491,22 @@ pub struct BudgetCreateRequest {
     /// In `unit`.
     pub allocated: Amount,
     /// In `unit`; defaults to 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub overdraft_limit: Option<Amount>,
     /// Defaults to the tenant's `default_commit_overage_policy` when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_overage_policy: Option<WirePolicy>,
     /// Defaults to NONE.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<RolloverSchema>, inline)]
     pub rollover_policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime)]
     pub period_start: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime)]
     pub period_end: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }
@@ -495,6 +545,23 @@ impl Validate for BudgetCreateRequest {
 }
 
 impl BudgetCreateRequest {
+    /// A request with only the required fields (the budget's unit is `allocated`'s): the
+    /// server's defaults apply to the rest.
+    pub fn new(tenant_id: Option<String>, scope: String, allocated: Amount) -> Self {
+        BudgetCreateRequest {
+            tenant_id,
+            scope,
+            unit: allocated.unit,
+            allocated,
+            overdraft_limit: None,
+            commit_overage_policy: None,
+            rollover_policy: None,
+            period_start: None,
+            period_end: None,
+            metadata: None,
+        }
+    }
+
     pub fn into_new(self, ledger_id: String) -> ledger::NewBudget {
         ledger::NewBudget {
             ledger_id,
@@ -681,8 +748,9 @@ impl From<&FundResult> for BudgetFundingResponse {
     }
 }
 
-/// `BudgetLedger`.
-#[derive(Debug, Serialize, ToSchema)]
+/// `BudgetLedger`. Clients read it too, so its enum strings are `Cow`, as in
+/// [`ApiKeyCreateResponse`].
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[schema(
     description = "One budget: `remaining = allocated - spent - reserved - debt` always holds."
 )]
@@ -703,9 +771,9 @@ pub struct BudgetLedger {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_overage_policy: Option<WirePolicy>,
     #[schema(value_type = BudgetStatusSchema, inline)]
-    pub status: &'static str,
+    pub status: Cow<'static, str>,
     #[schema(value_type = RolloverSchema, inline)]
-    pub rollover_policy: &'static str,
+    pub rollover_policy: Cow<'static, str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime)]
     pub period_start: Option<String>,
@@ -735,8 +803,8 @@ impl From<Budget> for BudgetLedger {
             unit: b.unit.into(),
             is_over_limit: b.is_over_limit,
             commit_overage_policy: b.commit_overage_policy.map(Into::into),
-            status: b.status.as_str(),
-            rollover_policy: b.rollover_policy.as_str(),
+            status: b.status.as_str().into(),
+            rollover_policy: b.rollover_policy.as_str().into(),
             period_start: b.period_start_ms.map(format_rfc3339),
             period_end: b.period_end_ms.map(format_rfc3339),
             created_at: format_rfc3339(b.created_at_ms),

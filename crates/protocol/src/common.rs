@@ -23,6 +23,13 @@ pub enum WireUnit {
     RiskPoints,
 }
 
+impl WireUnit {
+    /// The wire name, e.g. `USD_MICROCENTS` (for a query string).
+    pub fn as_str(self) -> &'static str {
+        Unit::from(self).as_str()
+    }
+}
+
 impl From<WireUnit> for Unit {
     fn from(u: WireUnit) -> Unit {
         match u {
