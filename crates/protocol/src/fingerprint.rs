@@ -756,4 +756,58 @@ mod tests {
         // The thread's scratch space is reused without carrying anything over.
         assert_eq!(fingerprint(&request), expected);
     }
+
+    /// Fingerprints are persisted (every idempotency record holds one), so they must never
+    /// change: a changed function would turn every retry of an earlier request into an
+    /// IDEMPOTENCY_MISMATCH. These vectors pin the canonical bytes and their SHA-256; the
+    /// digests were computed from the bytes outside this code. The second vector is where
+    /// the form departs from RFC 8785, which would write the amount as 9007199254740992.
+    #[test]
+    fn golden_vectors() {
+        let vectors: [(&str, &[u8], &str); 3] = [
+            (
+                r#"{"b": 1, "a": "x"}"#,
+                br#"{"a":"x","b":1}"#,
+                "cdab067e9f3beb32d1252cfd63e492592fecbf591b0d08cadb24bb17f3864246",
+            ),
+            (
+                r#"{"amount": 9007199254740993}"#,
+                br#"{"amount":9007199254740993}"#,
+                "966c9a58ed6d8395e0ffaeba3958485187f471700366321f994f83767dd33195",
+            ),
+            (
+                r#"{"s": "\u00e9\n", "f": 1.50, "e": 1E21}"#,
+                "{\"e\":1e+21,\"f\":1.5,\"s\":\"\u{e9}\\n\"}".as_bytes(),
+                "29d770054f81b06953d7138abc755127182e21d14d1c52053e5191ff491a3c9e",
+            ),
+        ];
+        for (body, bytes, digest) in vectors {
+            let value: Value = serde_json::from_str(body).expect("json");
+            assert_eq!(canonical(&value), bytes, "{body}");
+            assert_eq!(hex::encode(fingerprint(&value)), digest, "{body}");
+        }
+    }
+
+    /// A whole reserve request, as the server parses it: pins the shape its type gives the
+    /// canonical form (field names, omitted options) as well as the bytes.
+    #[test]
+    fn golden_reserve_request() {
+        let body = r#"{"idempotency_key": "k1", "subject": {"tenant": "acme", "agent": "bot"},
+            "action": {"kind": "llm.completion", "name": "gpt"},
+            "estimate": {"unit": "TOKENS", "amount": 100}}"#;
+        let request: crate::runtime::ReservationCreateRequest =
+            serde_json::from_str(body).expect("a reserve request");
+        assert_eq!(
+            String::from_utf8(canonical(&request)).expect("utf-8"),
+            concat!(
+                r#"{"action":{"kind":"llm.completion","name":"gpt"},"#,
+                r#""estimate":{"amount":100,"unit":"TOKENS"},"idempotency_key":"k1","#,
+                r#""subject":{"agent":"bot","tenant":"acme"}}"#
+            )
+        );
+        assert_eq!(
+            hex::encode(fingerprint(&request)),
+            "970d28dc7516650ed75f082cbe6f7229435a33ec6706523977b15fd25c9531e0"
+        );
+    }
 }
