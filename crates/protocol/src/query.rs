@@ -72,6 +72,16 @@ impl<'de> de::Deserialize<'de> for PageSize {
     }
 }
 
+/// The subject-level filters of a query (`workspace` … `toolset`, in that order), each
+/// lower-cased with its level's name.
+pub(crate) fn level_filters(values: [&Option<String>; 5]) -> Vec<(&'static str, String)> {
+    ledger::SCOPE_LEVELS[1..]
+        .iter()
+        .zip(values)
+        .filter_map(|(level, value)| value.as_ref().map(|v| (*level, v.to_lowercase())))
+        .collect()
+}
+
 /// A parameter-level failure; the message names the parameter.
 #[derive(Debug)]
 struct QueryError(String);

@@ -14,7 +14,6 @@ mod ids;
 mod jobs;
 mod metrics;
 mod openapi;
-mod query;
 mod ratelimit;
 mod reply;
 mod routes;
