@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use ledger::{Actor, Command, Outcome};
 use protocol::listing::{
     encode_list_cursor, ReservationListParams, ReservationListResponse, ReservationSummary,
@@ -75,21 +76,48 @@ pub async fn create_reservation(
     Ok(with_date(with_tenant(response, tenant.as_deref())))
 }
 
-/// Parses an idempotent body for the reservation named in the path and runs the command
-/// it becomes.
-async fn on_reservation<T: DeserializeOwned + Validate + Keyed>(
-    app: &App,
-    actor: Actor,
+/// A write on the reservation the path names: its id, the request's headers and its
+/// idempotent body, extracted in that order, as the separate extractors would be.
+pub struct OnReservation {
     path: ReservationPath,
-    headers: &HeaderMap,
-    body: &Bytes,
-    command: impl FnOnce(T, Actor, String) -> Command,
-) -> Result<(Outcome, Option<Arc<str>>), Failure> {
-    let request: T = keyed_body(app, &actor, headers, body).await?;
-    let id = app
-        .validated(&actor, Plane::Runtime, || path.into_id())
-        .await?;
-    app.run(command(request, actor, id), Plane::Runtime).await
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl<S: Send + Sync> FromRequest<S> for OnReservation {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let (mut parts, body) = request.into_parts();
+        let Path(path) = Path::<ReservationPath>::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Ok(Headers(headers)) = Headers::from_request_parts(&mut parts, state).await;
+        let body = Bytes::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(OnReservation {
+            path,
+            headers,
+            body,
+        })
+    }
+}
+
+impl OnReservation {
+    /// Parses the body, checks the id, and runs the command they become for `actor`.
+    async fn run<T: DeserializeOwned + Validate + Keyed>(
+        self,
+        app: &App,
+        actor: Actor,
+        command: impl FnOnce(T, Actor, String) -> Command,
+    ) -> Result<(Outcome, Option<Arc<str>>), Failure> {
+        let request: T = keyed_body(app, &actor, &self.headers, &self.body).await?;
+        let id = app
+            .validated(&actor, Plane::Runtime, || self.path.into_id())
+            .await?;
+        app.run(command(request, actor, id), Plane::Runtime).await
+    }
 }
 
 #[utoipa::path(
@@ -108,22 +136,10 @@ async fn on_reservation<T: DeserializeOwned + Validate + Keyed>(
     ),
     security(("ApiKeyAuth" = [])),
 )]
-pub async fn commit(
-    State(app): State<Arc<App>>,
-    Path(path): Path<ReservationPath>,
-    Headers(headers): Headers,
-    body: Bytes,
-) -> Answer {
-    let actor = auth::tenant(&headers)?;
-    let (outcome, tenant) = on_reservation(
-        &app,
-        actor,
-        path,
-        &headers,
-        &body,
-        |r: CommitRequest, a, id| Command::Commit(r.into_command(a, id)),
-    )
-    .await?;
+pub async fn commit(State(app): State<Arc<App>>, request: OnReservation) -> Answer {
+    let actor = auth::tenant(&request.headers)?;
+    let command = |r: CommitRequest, a, id| Command::Commit(r.into_command(a, id));
+    let (outcome, tenant) = request.run(&app, actor, command).await?;
     let Outcome::Committed { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
@@ -143,22 +159,10 @@ pub async fn commit(
     ),
     security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
 )]
-pub async fn release(
-    State(app): State<Arc<App>>,
-    Path(path): Path<ReservationPath>,
-    Headers(headers): Headers,
-    body: Bytes,
-) -> Answer {
-    let actor = auth::admin_or_tenant(&app, &headers)?;
-    let (outcome, tenant) = on_reservation(
-        &app,
-        actor,
-        path,
-        &headers,
-        &body,
-        |r: ReleaseRequest, a, id| Command::Release(r.into_command(a, id)),
-    )
-    .await?;
+pub async fn release(State(app): State<Arc<App>>, request: OnReservation) -> Answer {
+    let actor = auth::admin_or_tenant(&app, &request.headers)?;
+    let command = |r: ReleaseRequest, a, id| Command::Release(r.into_command(a, id));
+    let (outcome, tenant) = request.run(&app, actor, command).await?;
     let Outcome::Released { result, .. } = outcome else {
         return Err(unexpected(&outcome));
     };
@@ -180,22 +184,10 @@ pub async fn release(
     ),
     security(("ApiKeyAuth" = [])),
 )]
-pub async fn extend(
-    State(app): State<Arc<App>>,
-    Path(path): Path<ReservationPath>,
-    Headers(headers): Headers,
-    body: Bytes,
-) -> Answer {
-    let actor = auth::tenant(&headers)?;
-    let (outcome, tenant) = on_reservation(
-        &app,
-        actor,
-        path,
-        &headers,
-        &body,
-        |r: ReservationExtendRequest, a, id| Command::Extend(r.into_command(a, id)),
-    )
-    .await?;
+pub async fn extend(State(app): State<Arc<App>>, request: OnReservation) -> Answer {
+    let actor = auth::tenant(&request.headers)?;
+    let command = |r: ReservationExtendRequest, a, id| Command::Extend(r.into_command(a, id));
+    let (outcome, tenant) = request.run(&app, actor, command).await?;
     let Outcome::Extended {
         result,
         remaining_ttl_ms,
