@@ -4,23 +4,24 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use ledger::{
-    ApiKey, Budget, ExpiryPolicy, FundResult, FundingOp, Idempotency, Permission, RolloverPolicy,
-    Tenant, TenantStatus, Unit,
+    ApiKey, Budget, BudgetListQuery, BudgetStatus, ExpiryPolicy, FundResult, FundingOp,
+    Idempotency, Permission, RolloverPolicy, Tenant, TenantStatus, Unit,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{metadata_raw, metadata_text, Metadata};
+use crate::query::PageSize;
 use crate::schema::{
     ApiKeyStatus as KeyStatusSchema, BudgetStatus as BudgetStatusSchema, FundingOperation,
     Permission as PermissionSchema, ReservationExpiryPolicy, RolloverPolicy as RolloverSchema,
     SignedAmount, TenantStatus as TenantStatusSchema,
 };
-use crate::validate::{idempotency_key, len_between, max_len, non_negative, range};
+use crate::validate::{idempotency_key, len_between, max_len, range};
 use crate::{
-    fingerprint, format_rfc3339, parse_rfc3339, Amount, ApiError, ErrorCode, Validate, WirePolicy,
-    WireUnit,
+    decode_budget_cursor, fingerprint, format_rfc3339, parse_rfc3339, Amount, ApiError, ErrorCode,
+    Validate, WirePolicy, WireUnit,
 };
 
 fn parse_enum<T>(
@@ -823,27 +824,104 @@ pub struct BudgetListResponse {
     pub has_more: bool,
 }
 
-/// A query parameter that must be present.
-pub fn required_param<'a>(name: &str, value: Option<&'a str>) -> Result<&'a str, ApiError> {
-    value
-        .filter(|v| !v.trim().is_empty())
-        .ok_or_else(|| ApiError::invalid(format!("{name}: query parameter is required")))
+/// The tenant an operation's path names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TenantPath {
+    pub tenant_id: String,
 }
 
-/// Parses a `unit` query parameter.
-pub fn parse_unit_param(name: &str, value: &str) -> Result<Unit, ApiError> {
-    Unit::parse(value).ok_or_else(|| {
-        ApiError::invalid(format!(
-            "{name}: unknown unit '{value}' (expected USD_MICROCENTS, TOKENS, CREDITS or RISK_POINTS)"
-        ))
-    })
+/// The API key an operation's path names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct KeyPath {
+    pub key_id: String,
 }
 
-/// Parses a non-negative integer query parameter.
-pub fn parse_count_param(name: &str, value: &str) -> Result<i64, ApiError> {
-    let v: i64 = value
-        .parse()
-        .map_err(|_| ApiError::invalid(format!("{name}: must be an integer")))?;
-    non_negative(name, v)?;
-    Ok(v)
+/// The query of `DELETE /v1/admin/api-keys/{key_id}`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RevokeParams {
+    /// Why the key is revoked (recorded as `revoked_reason`).
+    #[param(max_length = 512)]
+    pub reason: Option<String>,
+}
+
+impl RevokeParams {
+    /// The reason, once checked.
+    pub fn into_reason(self) -> Result<Option<String>, ApiError> {
+        if let Some(reason) = &self.reason {
+            max_len("reason", reason, 512)?;
+        }
+        Ok(self.reason)
+    }
+}
+
+/// The query of `GET /v1/admin/budgets`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BudgetListParams {
+    /// Only this tenant's budgets (admin key; a tenant key always sees its own).
+    pub tenant_id: Option<String>,
+    /// Only scopes starting with this prefix (case-insensitive).
+    pub scope_prefix: Option<String>,
+    #[param(inline)]
+    pub unit: Option<WireUnit>,
+    #[param(inline, value_type = Option<BudgetStatusSchema>)]
+    pub status: Option<String>,
+    /// From the previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// Page size, 1–200; defaults to 50.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
+    pub limit: Option<PageSize>,
+}
+
+impl BudgetListParams {
+    pub fn into_query(self) -> Result<BudgetListQuery, ApiError> {
+        let status = match self.status.as_deref() {
+            None => None,
+            Some("ACTIVE") => Some(BudgetStatus::Active),
+            Some("FROZEN") => Some(BudgetStatus::Frozen),
+            Some("CLOSED") => Some(BudgetStatus::Closed),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "status: must be ACTIVE, FROZEN or CLOSED",
+                ))
+            }
+        };
+        Ok(BudgetListQuery {
+            tenant_id: self.tenant_id,
+            scope_prefix: self.scope_prefix,
+            unit: self.unit.map(Unit::from),
+            status,
+            limit: self.limit.unwrap_or_default().0,
+            after: self
+                .cursor
+                .as_deref()
+                .map(decode_budget_cursor)
+                .transpose()?,
+        })
+    }
+}
+
+/// The `scope` and `unit` query parameters that address one budget.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BudgetAddress {
+    /// The budget's scope (case-insensitive).
+    pub scope: String,
+    #[param(inline)]
+    pub unit: WireUnit,
+}
+
+/// The query of `POST /v1/admin/budgets/fund`: the budget, and with the admin key its tenant.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FundParams {
+    /// Required with the admin key: the tenant the budget belongs to.
+    pub tenant_id: Option<String>,
+    /// The budget's scope (case-insensitive).
+    pub scope: String,
+    #[param(inline)]
+    pub unit: WireUnit,
 }

@@ -10,6 +10,7 @@ mod error;
 mod fingerprint;
 pub mod listing;
 pub mod policy;
+mod query;
 pub mod runtime;
 pub mod schema;
 mod time;
@@ -19,6 +20,7 @@ pub use common::*;
 pub use cursor::{decode_budget_cursor, encode_budget_cursor};
 pub use error::{ApiError, ErrorBody, ErrorCode, Plane};
 pub use fingerprint::fingerprint;
+pub use query::{parse_query, PageSize};
 pub use time::{format_rfc3339, parse_rfc3339};
 pub use validate::{parse_body, Validate};
 

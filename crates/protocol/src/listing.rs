@@ -1,18 +1,18 @@
-//! `GET /v1/reservations`: query parameters, bound cursors and the summary rows.
+//! `GET /v1/reservations`: its query parameters, bound cursors and the summary rows.
 
 use std::sync::Arc;
 
 use ledger::{
     Actor, ListReservations, Position, Reservation, ReservationStatus, SortBy, SortValue,
-    SCOPE_LEVELS,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::common::metadata_raw;
-use crate::schema::ReservationStatus as StatusSchema;
+use crate::query::{level_filters, PageSize};
+use crate::schema::{ReservationSortBy, ReservationStatus as StatusSchema, SortDirection};
 use crate::{parse_rfc3339, Action, Amount, ApiError, Subject};
 
 /// A cursor is valid only for the same order and filters it was issued under.
@@ -63,20 +63,21 @@ fn decode_list_cursor(raw: &str, q: &ListReservations) -> Result<Position, ApiEr
     Ok((c.v, c.i))
 }
 
+/// An inclusive time window from two RFC 3339 parameters, `(name, value)` each.
 fn window(
-    get: &impl Fn(&str) -> Option<String>,
-    from: &str,
-    to: &str,
+    (from, from_value): (&str, &Option<String>),
+    (to, to_value): (&str, &Option<String>),
 ) -> Result<(Option<i64>, Option<i64>), ApiError> {
-    let parse = |name: &str| -> Result<Option<i64>, ApiError> {
-        get(name)
+    let parse = |name: &str, value: &Option<String>| -> Result<Option<i64>, ApiError> {
+        value
+            .as_deref()
             .map(|v| {
-                parse_rfc3339(&v)
+                parse_rfc3339(v)
                     .ok_or_else(|| ApiError::invalid(format!("{name}: not an ISO-8601 date-time")))
             })
             .transpose()
     };
-    let (f, t) = (parse(from)?, parse(to)?);
+    let (f, t) = (parse(from, from_value)?, parse(to, to_value)?);
     if let (Some(f), Some(t)) = (f, t) {
         if f > t {
             return Err(ApiError::invalid(format!("{from} must not be after {to}")));
@@ -85,61 +86,131 @@ fn window(
     Ok((f, t))
 }
 
-/// Parses the list parameters. `get` returns a parameter's value, blank counted as absent.
-pub fn parse_list_query(
-    actor: Actor,
-    get: impl Fn(&str) -> Option<String>,
-    limit: usize,
-) -> Result<ListReservations, ApiError> {
-    if actor == Actor::Admin && get("tenant").is_none() {
-        return Err(ApiError::invalid(
-            "tenant query parameter is required when using admin key authentication",
-        ));
-    }
-    let status = get("status")
-        .map(|s| {
-            ReservationStatus::parse(&s).ok_or_else(|| {
-                ApiError::invalid("status: must be ACTIVE, COMMITTED, RELEASED or EXPIRED")
+/// The query of `GET /v1/reservations`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReservationListParams {
+    /// Required with the admin key. With a tenant key, must be the key's tenant (else 403).
+    pub tenant: Option<String>,
+    /// Only the reservation created with this idempotency key.
+    #[param(min_length = 1, max_length = 256)]
+    pub idempotency_key: Option<String>,
+    /// Only reservations in this state (as of now: a lapsed ACTIVE one is EXPIRED).
+    #[param(inline, value_type = Option<StatusSchema>)]
+    pub status: Option<String>,
+    /// Only reservations whose subject has this workspace (case-insensitive).
+    pub workspace: Option<String>,
+    /// Only reservations whose subject has this app (case-insensitive).
+    pub app: Option<String>,
+    /// Only reservations whose subject has this workflow (case-insensitive).
+    pub workflow: Option<String>,
+    /// Only reservations whose subject has this agent (case-insensitive).
+    pub agent: Option<String>,
+    /// Only reservations whose subject has this toolset (case-insensitive).
+    pub toolset: Option<String>,
+    /// Created at or after (RFC 3339).
+    #[param(format = DateTime)]
+    pub from: Option<String>,
+    /// Created at or before (RFC 3339).
+    #[param(format = DateTime)]
+    pub to: Option<String>,
+    /// Expiring at or after (RFC 3339).
+    #[param(format = DateTime)]
+    pub expires_from: Option<String>,
+    /// Expiring at or before (RFC 3339).
+    #[param(format = DateTime)]
+    pub expires_to: Option<String>,
+    /// Finalized at or after (RFC 3339); excludes unfinalized reservations.
+    #[param(format = DateTime)]
+    pub finalized_from: Option<String>,
+    /// Finalized at or before (RFC 3339); excludes unfinalized reservations.
+    #[param(format = DateTime)]
+    pub finalized_to: Option<String>,
+    /// Defaults to created_at_ms.
+    #[param(inline, value_type = Option<ReservationSortBy>)]
+    pub sort_by: Option<String>,
+    /// Defaults to desc.
+    #[param(inline, value_type = Option<SortDirection>)]
+    pub sort_dir: Option<String>,
+    /// From the previous page's `next_cursor`; valid only with the same sort and filters.
+    pub cursor: Option<String>,
+    /// Page size, 1–200; defaults to 50.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
+    pub limit: Option<PageSize>,
+    /// Optional projections, comma-separated (repeating the parameter adds more):
+    /// `metadata`, `committed_metadata`. Other tokens and empty items are ignored.
+    #[serde(default)]
+    #[param(style = Form, explode = false)]
+    pub include: Vec<String>,
+}
+
+impl ReservationListParams {
+    /// The listing these parameters ask `actor`'s view for, and the projections to render
+    /// its rows with.
+    pub fn into_query(self, actor: Actor) -> Result<(ListReservations, Include), ApiError> {
+        if actor == Actor::Admin && self.tenant.is_none() {
+            return Err(ApiError::invalid(
+                "tenant query parameter is required when using admin key authentication",
+            ));
+        }
+        let status = self
+            .status
+            .as_deref()
+            .map(|s| {
+                ReservationStatus::parse(s).ok_or_else(|| {
+                    ApiError::invalid("status: must be ACTIVE, COMMITTED, RELEASED or EXPIRED")
+                })
             })
-        })
-        .transpose()?;
-    let sort_by = get("sort_by")
-        .map(|s| {
-            SortBy::parse(&s).ok_or_else(|| {
-                ApiError::invalid("sort_by: must be one of reservation_id, tenant, scope_path, status, reserved, created_at_ms, expires_at_ms")
+            .transpose()?;
+        let sort_by = self
+            .sort_by
+            .as_deref()
+            .map(|s| {
+                SortBy::parse(s).ok_or_else(|| {
+                    ApiError::invalid("sort_by: must be one of reservation_id, tenant, scope_path, status, reserved, created_at_ms, expires_at_ms")
+                })
             })
-        })
-        .transpose()?
-        .unwrap_or(SortBy::CreatedAt);
-    let descending = match get("sort_dir").as_deref() {
-        None | Some("desc") => true,
-        Some("asc") => false,
-        Some(_) => return Err(ApiError::invalid("sort_dir: must be asc or desc")),
-    };
-    if let Some(key) = get("idempotency_key") {
-        crate::validate::idempotency_key("idempotency_key", &key)?;
+            .transpose()?
+            .unwrap_or(SortBy::CreatedAt);
+        let descending = match self.sort_dir.as_deref() {
+            None | Some("desc") => true,
+            Some("asc") => false,
+            Some(_) => return Err(ApiError::invalid("sort_dir: must be asc or desc")),
+        };
+        if let Some(key) = &self.idempotency_key {
+            crate::validate::idempotency_key("idempotency_key", key)?;
+        }
+        let mut q = ListReservations {
+            filters: level_filters([
+                &self.workspace,
+                &self.app,
+                &self.workflow,
+                &self.agent,
+                &self.toolset,
+            ]),
+            created: window(("from", &self.from), ("to", &self.to))?,
+            expires: window(
+                ("expires_from", &self.expires_from),
+                ("expires_to", &self.expires_to),
+            )?,
+            finalized: window(
+                ("finalized_from", &self.finalized_from),
+                ("finalized_to", &self.finalized_to),
+            )?,
+            tenant: self.tenant,
+            idempotency_key: self.idempotency_key,
+            status,
+            sort_by,
+            descending,
+            limit: self.limit.unwrap_or_default().0,
+            after: None,
+            actor,
+        };
+        if let Some(raw) = &self.cursor {
+            q.after = Some(decode_list_cursor(raw, &q)?);
+        }
+        Ok((q, Include::of(&self.include)))
     }
-    let mut q = ListReservations {
-        tenant: get("tenant"),
-        idempotency_key: get("idempotency_key"),
-        status,
-        filters: SCOPE_LEVELS[1..]
-            .iter()
-            .filter_map(|level| get(level).map(|v| (*level, v.to_lowercase())))
-            .collect(),
-        created: window(&get, "from", "to")?,
-        expires: window(&get, "expires_from", "expires_to")?,
-        finalized: window(&get, "finalized_from", "finalized_to")?,
-        sort_by,
-        descending,
-        limit,
-        after: None,
-        actor,
-    };
-    if let Some(raw) = get("cursor") {
-        q.after = Some(decode_list_cursor(&raw, &q)?);
-    }
-    Ok(q)
 }
 
 /// Which optional projections `include` asks for (unknown tokens are ignored).
@@ -156,10 +227,11 @@ impl Include {
         committed_metadata: true,
     };
 
-    pub fn parse(raw: Option<&str>) -> Self {
+    /// The projections `tokens` name (unknown tokens are ignored).
+    pub fn of(tokens: &[String]) -> Self {
         let mut inc = Include::default();
-        for token in raw.unwrap_or_default().split(',').map(str::trim) {
-            match token {
+        for token in tokens {
+            match token.as_str() {
                 "metadata" => inc.metadata = true,
                 "committed_metadata" => inc.committed_metadata = true,
                 _ => {}

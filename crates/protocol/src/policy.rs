@@ -1,10 +1,12 @@
 //! Policies (admin plane) and the `Caps` they supply to runtime decisions.
 
-use ledger::{PolicyStatus, RateLimits, TtlOverride};
+use ledger::{PolicyListQuery, PolicyStatus, RateLimits, TtlOverride};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::admin::check_tenant_id;
+use crate::query::PageSize;
+use crate::schema::PolicyStatus as PolicyStatusSchema;
 use crate::validate::{len_between, max_len, non_negative, range};
 use crate::{format_rfc3339, parse_rfc3339, ApiError, Validate, WirePolicy};
 
@@ -381,4 +383,48 @@ pub struct PolicyListResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
     pub has_more: bool,
+}
+
+/// The policy an operation's path names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct PolicyPath {
+    pub policy_id: String,
+}
+
+/// The query of `GET /v1/admin/policies`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PolicyListParams {
+    /// Required with the admin key; a tenant key always sees its own tenant's policies.
+    pub tenant_id: Option<String>,
+    /// Only policies with exactly this scope pattern.
+    pub scope_pattern: Option<String>,
+    #[param(inline, value_type = Option<PolicyStatusSchema>)]
+    pub status: Option<String>,
+    /// From the previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// Page size, 1–200; defaults to 50.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
+    pub limit: Option<PageSize>,
+}
+
+impl PolicyListParams {
+    pub fn into_query(self) -> Result<PolicyListQuery, ApiError> {
+        let status = self
+            .status
+            .as_deref()
+            .map(|s| {
+                PolicyStatus::parse(s)
+                    .ok_or_else(|| ApiError::invalid("status: must be ACTIVE or DISABLED"))
+            })
+            .transpose()?;
+        Ok(PolicyListQuery {
+            tenant_id: self.tenant_id,
+            scope_pattern: self.scope_pattern,
+            status,
+            limit: self.limit.unwrap_or_default().0,
+            after: self.cursor,
+        })
+    }
 }

@@ -1,29 +1,119 @@
 //! The runtime plane: reservations, decide, events, balances.
 
 use ledger::{
-    Actor, CommitResult, DecideResult, EventResult, ExtendResult, Idempotency, ReleaseResult,
-    Reservation, ReserveResult,
+    Actor, CommitResult, DecideResult, EventResult, ExtendResult, GetBalances, Idempotency,
+    ReleaseResult, Reservation, ReserveResult,
 };
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{balances, metadata_text, Metadata};
 use crate::listing::{Include, ReservationSummary};
+use crate::query::{level_filters, PageSize};
 use crate::schema::{AppliedStatus, CommittedStatus, DecisionEnum, ExtendedStatus, ReleasedStatus};
-use crate::validate::{idempotency_key, max_len, non_negative, range};
+use crate::validate::{idempotency_key, len_between, max_len, non_negative, range};
 use crate::{
-    fingerprint, Action, Amount, ApiError, Balance, StandardMetrics, Subject, Validate, WirePolicy,
+    decode_budget_cursor, fingerprint, Action, Amount, ApiError, Balance, StandardMetrics, Subject,
+    Validate, WirePolicy,
 };
 
 pub const DEFAULT_GRACE_MS: i64 = 5_000;
 
-/// Checks the optional `X-Idempotency-Key` header against the body's key.
-pub fn check_header_key(header: Option<&str>, body_key: &str) -> Result<(), ApiError> {
-    match header {
-        Some(h) if h != body_key => Err(ApiError::invalid(
-            "X-Idempotency-Key header does not match the body's idempotency_key",
-        )),
-        _ => Ok(()),
+/// The `X-Idempotency-Key` request header of the idempotent runtime writes.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct IdempotencyHeader<'a> {
+    /// Optional; when present it must equal the body's `idempotency_key` (else 400).
+    #[param(rename = "X-Idempotency-Key", value_type = Option<String>, min_length = 1, max_length = 256)]
+    pub key: Option<&'a str>,
+}
+
+impl IdempotencyHeader<'_> {
+    /// The header's name, in the lower case `HeaderMap` lookups use.
+    pub const NAME: &'static str = "x-idempotency-key";
+
+    /// Checks the header, when present, against the body's key.
+    pub fn check(&self, body_key: &str) -> Result<(), ApiError> {
+        match self.key {
+            Some(h) if h != body_key => Err(ApiError::invalid(
+                "X-Idempotency-Key header does not match the body's idempotency_key",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The reservation an operation's path names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ReservationPath {
+    /// The reservation's id (1–128 characters).
+    #[param(min_length = 1, max_length = 128)]
+    pub reservation_id: String,
+}
+
+impl ReservationPath {
+    /// The id, once checked.
+    pub fn into_id(self) -> Result<String, ApiError> {
+        len_between("reservation_id", &self.reservation_id, 1, 128)?;
+        Ok(self.reservation_id)
+    }
+}
+
+/// The query of `GET /v1/balances`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BalanceParams {
+    /// Must be the key's tenant (else 403). At least one of tenant, workspace, app,
+    /// workflow, agent, toolset is required.
+    pub tenant: Option<String>,
+    /// Only budgets whose scope has this workspace segment (case-insensitive).
+    pub workspace: Option<String>,
+    /// Only budgets whose scope has this app segment (case-insensitive).
+    pub app: Option<String>,
+    /// Only budgets whose scope has this workflow segment (case-insensitive).
+    pub workflow: Option<String>,
+    /// Only budgets whose scope has this agent segment (case-insensitive).
+    pub agent: Option<String>,
+    /// Only budgets whose scope has this toolset segment (case-insensitive).
+    pub toolset: Option<String>,
+    /// Validated (`true` or `false`) but without effect: budgets below the named scope
+    /// are always included.
+    pub include_children: Option<bool>,
+    /// From the previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// Page size, 1–200; defaults to 50.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
+    pub limit: Option<PageSize>,
+}
+
+impl BalanceParams {
+    /// The balances these parameters ask `actor`'s view for: at least one subject level
+    /// must be named.
+    pub fn into_query(self, actor: Actor) -> Result<GetBalances, ApiError> {
+        let filters = level_filters([
+            &self.workspace,
+            &self.app,
+            &self.workflow,
+            &self.agent,
+            &self.toolset,
+        ]);
+        if self.tenant.is_none() && filters.is_empty() {
+            return Err(ApiError::invalid(
+                "At least one of tenant, workspace, app, workflow, agent, toolset is required",
+            ));
+        }
+        Ok(GetBalances {
+            actor,
+            tenant: self.tenant,
+            filters,
+            limit: self.limit.unwrap_or_default().0,
+            after: self
+                .cursor
+                .as_deref()
+                .map(decode_budget_cursor)
+                .transpose()?,
+        })
     }
 }
 

@@ -32,7 +32,6 @@ mod jobs;
 mod load;
 mod metrics;
 mod openapi;
-mod query;
 mod ratelimit;
 mod reply;
 mod routes;

@@ -35,6 +35,18 @@ pub async fn observe(app: &App, request: Request, next: Next) -> Response {
 }
 
 /// `GET /metrics`: the admin key is required unless the operator made it public.
+#[utoipa::path(
+    get, path = "/metrics", tag = "Operations", operation_id = "metrics",
+    summary = "Prometheus metrics",
+    description = "Requests by route and status with their latency, the store's counters \
+        and process memory. Requires the admin key unless the operator made metrics public.",
+    responses(
+        (status = 200, description = "The Prometheus text exposition format",
+            body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 401, response = crate::openapi::Unauthorized),
+    ),
+    security(("AdminKeyAuth" = []), ()),
+)]
 pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> Answer {
     if !app.public_metrics() {
         auth::admin(app.admin_key(), &headers).map_err(Failure::from)?;

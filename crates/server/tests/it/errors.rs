@@ -17,6 +17,7 @@ engine_tests!(
     oversized_body_is_rejected,
     long_reservation_id_is_rejected,
     balance_queries_are_validated,
+    repeated_or_empty_query_parameters_are_refused_by_name,
     error_bodies_carry_the_correlation_ids,
     trace_id_precedence,
     unknown_route_is_a_json_not_found,
@@ -837,6 +838,80 @@ async fn balance_queries_are_validated(engine: Engine) {
         s.get(&format!("/v1/balances{query}"), As::Key(&key))
             .await
             .expect(200, None);
+    }
+    s.stop().await;
+}
+
+/// A documented scalar query parameter given twice or given empty is 400 INVALID_REQUEST
+/// naming it, on every operation that takes one (credentials are still checked first); a
+/// list parameter takes repeats and empty items, and undocumented parameters stay ignored.
+async fn repeated_or_empty_query_parameters_are_refused_by_name(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = acme(&s).await;
+    let before = s.ledger(ROOT, USD).await;
+    let with_key = [
+        ("GET /v1/balances?tenant=acme&limit=1&limit=2", "limit"),
+        ("GET /v1/balances?tenant=acme&tenant=acme", "tenant"),
+        (
+            "GET /v1/balances?tenant=acme&include_children=",
+            "include_children",
+        ),
+        ("GET /v1/reservations?to=", "to"),
+        ("GET /v1/reservations?limit=%20", "limit"),
+        (
+            "GET /v1/reservations?sort_dir=asc&sort_dir=desc",
+            "sort_dir",
+        ),
+        ("GET /v1/admin/policies?limit=", "limit"),
+    ];
+    let with_admin = [
+        ("GET /v1/admin/budgets?tenant_id=acme&status=", "status"),
+        (
+            "GET /v1/admin/budgets/lookup?scope=a&scope=b&unit=TOKENS",
+            "scope",
+        ),
+        (
+            "GET /v1/admin/budgets/lookup?scope=tenant:acme&unit=",
+            "unit",
+        ),
+        (
+            "POST /v1/admin/budgets/fund?scope=tenant:acme&unit=TOKENS&tenant_id=",
+            "tenant_id",
+        ),
+        (
+            "POST /v1/admin/budgets/freeze?scope=a&unit=TOKENS&unit=TOKENS",
+            "unit",
+        ),
+        (
+            "DELETE /v1/admin/api-keys/probe?reason=a&reason=b",
+            "reason",
+        ),
+    ];
+    // POSTs carry a valid funding body: only the query is wrong.
+    let fund = json!({"operation": "CREDIT", "amount": {"unit": USD, "amount": 1}});
+    for (who, cases) in [(As::Key(&key), &with_key[..]), (As::Admin, &with_admin[..])] {
+        for (request, name) in cases {
+            let (method, path) = request.split_once(' ').expect("METHOD path");
+            let method = Method::from_bytes(method.as_bytes()).expect("a method");
+            let body = (method == Method::POST).then_some(&fund);
+            let r = s.send(method.clone(), path, who, body).await;
+            assert_invalid(&r, name, request);
+            let message = r.body["message"].as_str().unwrap_or_default();
+            assert!(
+                message.starts_with(&format!("{name}: ")),
+                "{request}: {message}"
+            );
+            // Credentials are checked first.
+            let anonymous = s.send(method, path, As::Nobody, body).await;
+            anonymous.expect(401, Some("UNAUTHORIZED"));
+        }
+    }
+    assert_eq!(s.ledger(ROOT, USD).await, before);
+    for path in [
+        "/v1/balances?tenant=acme&color=a&color=&color=b",
+        "/v1/reservations?include=metadata&include=committed_metadata,&include=",
+    ] {
+        s.get(path, As::Key(&key)).await.expect(200, None);
     }
     s.stop().await;
 }

@@ -193,8 +193,26 @@ async fn filters_select_the_right_rows(engine: Engine) {
     let to = protocol::format_rfc3339(T0 + 2);
     let window = walk(&s, &key, &format!("from={from}&to={to}&sort_dir=asc")).await;
     assert_eq!(ids(&window), vec![a[1].clone(), a[2].clone()]);
-    // Blank values are unset, never errors.
-    assert_eq!(walk(&s, &key, "from=&status=&include=").await.len(), 7);
+    // An empty list parameter asks for nothing; an empty scalar one is refused, by name
+    // (it is not read as absent).
+    assert_eq!(walk(&s, &key, "include=").await.len(), 7);
+    for blank in ["from", "status"] {
+        let r = s
+            .get(
+                &format!("/v1/reservations?{blank}=&include="),
+                As::Key(&key),
+            )
+            .await;
+        r.expect(400, Some("INVALID_REQUEST"));
+        assert!(
+            r.body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with(blank),
+            "{blank}=: {}",
+            r.body
+        );
+    }
     // The create idempotency key finds exactly its reservation.
     assert_eq!(
         ids(&walk(&s, &key, "idempotency_key=beta-1").await),

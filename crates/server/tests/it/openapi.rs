@@ -16,10 +16,8 @@ engine_tests!(
     swagger_ui_is_served,
 );
 
-/// The router's source: the single source of truth for what is routed.
-const ROUTER_SOURCE: &str = include_str!("../../src/routes/mod.rs");
-/// Routes merged into the router outside `routes/mod.rs`'s `.route(..)` calls.
-const MERGED_ROUTES: [(&str, &str); 1] = [("GET", "/openapi.json")];
+/// Where the server's sources are: the single source of truth for what is routed.
+const SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
 
 /// `/v1/reservations/{id}` and `/v1/reservations/{reservation_id}` are the same route.
@@ -50,12 +48,27 @@ fn calls(code: &str, name: &str) -> bool {
     })
 }
 
-/// The `(METHOD, normalized path)` pairs registered by `.route(path, method(..).method(..))`.
-fn routes_in_source(source: &str) -> BTreeSet<(String, String)> {
-    let mut routes = BTreeSet::new();
+/// Every `.rs` file under `dir`, read.
+fn read_sources(dir: &std::path::Path) -> Vec<String> {
+    let mut sources = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("the server's sources") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            sources.extend(read_sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            sources.push(std::fs::read_to_string(&path).expect("a source file"));
+        }
+    }
+    sources
+}
+
+/// Every `opening` call in `source` (`opening` ends with `(`): its arguments, and the source
+/// after it.
+fn call_arguments<'a>(source: &'a str, opening: &str) -> Vec<(&'a str, &'a str)> {
+    let mut calls = Vec::new();
     let mut rest = source;
-    while let Some(at) = rest.find(".route(") {
-        rest = &rest[at + ".route(".len()..];
+    while let Some(at) = rest.find(opening) {
+        rest = &rest[at + opening.len()..];
         let mut depth = 1;
         let end = rest
             .char_indices()
@@ -67,16 +80,60 @@ fn routes_in_source(source: &str) -> BTreeSet<(String, String)> {
                 }
                 (depth == 0).then_some(i)
             })
-            .expect("balanced .route( call");
-        let args = &rest[..end];
-        let path = args.split('"').nth(1).expect(".route( with a literal path");
-        let methods: Vec<&str> = METHODS
-            .into_iter()
-            .filter(|m| calls(args, &m.to_lowercase()))
-            .collect();
-        assert!(!methods.is_empty(), "no method found for route {path}");
-        for m in methods {
-            routes.insert((m.to_string(), normalize(path)));
+            .unwrap_or_else(|| panic!("unbalanced {opening}"));
+        calls.push((&rest[..end], &rest[end..]));
+    }
+    calls
+}
+
+/// The first string literal in `code`.
+fn literal(code: &str) -> &str {
+    code.split('"').nth(1).expect("a string literal")
+}
+
+/// Each handler's declared `(METHOD, normalized path)`, by the handler's name: from the
+/// `#[utoipa::path(method, path = "..", ..)]` attribute on it.
+fn declarations(source: &str) -> Vec<(String, (String, String))> {
+    let mut declared = Vec::new();
+    for (args, after) in call_arguments(source, "#[utoipa::path(") {
+        let method = args.split(',').next().unwrap_or_default().trim();
+        let path = literal(&args[args.find("path =").expect("a declared path")..]);
+        let name = after[after.find("fn ").expect("the declared handler") + 3..]
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or_default();
+        declared.push((name.to_string(), (method.to_uppercase(), normalize(path))));
+    }
+    declared
+}
+
+/// The `(METHOD, normalized path)` pairs the sources route: every handler registered with
+/// `routes!(..)`, by its declaration, and every plain `.route(path, method(..))`. (Swagger
+/// UI is merged in whole: it is no API operation.)
+fn routes_in_source(sources: &[String]) -> BTreeSet<(String, String)> {
+    let declared: Vec<_> = sources.iter().flat_map(|s| declarations(s)).collect();
+    let mut routes = BTreeSet::new();
+    for source in sources {
+        for (args, _) in call_arguments(source, "routes!(") {
+            for handler in args.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+                let name = handler.rsplit("::").next().unwrap_or_default();
+                let (_, route) = declared
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .unwrap_or_else(|| panic!("routes!({handler}) without a declaration"));
+                routes.insert(route.clone());
+            }
+        }
+        for (args, _) in call_arguments(source, ".route(") {
+            let path = literal(args);
+            let methods: Vec<&str> = METHODS
+                .into_iter()
+                .filter(|m| calls(args, &m.to_lowercase()))
+                .collect();
+            assert!(!methods.is_empty(), "no method found for route {path}");
+            for m in methods {
+                routes.insert((m.to_string(), normalize(path)));
+            }
         }
     }
     routes
@@ -210,12 +267,7 @@ async fn every_route_is_documented(engine: Engine) {
     let s = TestServer::start(engine).await;
     let doc = Doc::fetch(&s).await;
 
-    let mut routed = routes_in_source(ROUTER_SOURCE);
-    routed.extend(
-        MERGED_ROUTES
-            .iter()
-            .map(|(m, p)| (m.to_string(), normalize(p))),
-    );
+    let routed = routes_in_source(&read_sources(std::path::Path::new(SOURCES)));
     let documented: BTreeSet<(String, String)> = doc
         .operations()
         .into_iter()

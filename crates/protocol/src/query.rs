@@ -1,0 +1,306 @@
+//! Query strings, parsed strictly into typed parameter structs. Each struct derives
+//! `Deserialize` and `utoipa::IntoParams`, so one type is both the parser and the
+//! documentation of an operation's query.
+//!
+//! Parameters a struct does not declare are ignored (the spec's additive-parameter rule).
+//! A declared scalar parameter given twice (`?limit=1&limit=2`) or given empty (`?to=`) is
+//! 400 INVALID_REQUEST naming it: picking one of two values, or reading an empty one as
+//! absent, would answer a question the client did not ask. Values are trimmed. A list
+//! parameter (a `Vec` field) takes a comma-separated list, the parameter repeated, or both;
+//! its empty items are skipped.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::value::{SeqDeserializer, StrDeserializer};
+use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
+use serde::forward_to_deserialize_any;
+
+use crate::{ApiError, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
+
+/// A query parameter's name and every value it was given, in order of appearance.
+type Param<'a> = (Cow<'a, str>, Vec<Cow<'a, str>>);
+
+/// Parses a raw query string (`None`: there was none) into `T`.
+pub fn parse_query<T: DeserializeOwned>(raw: Option<&str>) -> Result<T, ApiError> {
+    let mut params: Vec<Param> = Vec::new();
+    for (name, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        match params.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, values)) => values.push(value),
+            None => params.push((name, vec![value])),
+        }
+    }
+    T::deserialize(Params {
+        params: params.iter(),
+        current: None,
+    })
+    .map_err(|e| ApiError::invalid(e.0))
+}
+
+/// A list's page size, the `limit` parameter: 1 to [`MAX_PAGE_SIZE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageSize(pub usize);
+
+impl Default for PageSize {
+    fn default() -> Self {
+        PageSize(DEFAULT_PAGE_SIZE)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for PageSize {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+
+        impl Visitor<'_> for Text {
+            type Value = PageSize;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "an integer between 1 and {MAX_PAGE_SIZE}")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<PageSize, E> {
+                match text.parse() {
+                    Ok(n) if (1..=MAX_PAGE_SIZE).contains(&n) => Ok(PageSize(n)),
+                    _ => Err(E::custom(format_args!(
+                        "must be an integer between 1 and {MAX_PAGE_SIZE}"
+                    ))),
+                }
+            }
+        }
+
+        deserializer.deserialize_str(Text)
+    }
+}
+
+/// The subject-level filters of a query (`workspace` … `toolset`, in that order), each
+/// lower-cased with its level's name.
+pub(crate) fn level_filters(values: [&Option<String>; 5]) -> Vec<(&'static str, String)> {
+    ledger::SCOPE_LEVELS[1..]
+        .iter()
+        .zip(values)
+        .filter_map(|(level, value)| value.as_ref().map(|v| (*level, v.to_lowercase())))
+        .collect()
+}
+
+/// A parameter-level failure; the message names the parameter.
+#[derive(Debug)]
+struct QueryError(String);
+
+impl QueryError {
+    fn new(message: &str) -> Self {
+        QueryError(message.to_string())
+    }
+}
+
+impl fmt::Display for QueryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+impl de::Error for QueryError {
+    fn custom<T: fmt::Display>(message: T) -> Self {
+        QueryError(message.to_string())
+    }
+
+    fn missing_field(field: &'static str) -> Self {
+        QueryError(format!("{field}: query parameter is required"))
+    }
+}
+
+/// The whole query, as a map from parameter names to their values.
+struct Params<'a, I> {
+    params: I,
+    /// The parameter whose name was just read: its value comes next.
+    current: Option<&'a Param<'a>>,
+}
+
+impl<'de, 'a, I: Iterator<Item = &'a Param<'a>>> de::Deserializer<'de> for Params<'a, I> {
+    type Error = QueryError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_map(self)
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum
+        identifier ignored_any
+    }
+}
+
+impl<'de, 'a, I: Iterator<Item = &'a Param<'a>>> MapAccess<'de> for Params<'a, I> {
+    type Error = QueryError;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, QueryError> {
+        let Some(param) = self.params.next() else {
+            return Ok(None);
+        };
+        self.current = Some(param);
+        let name: StrDeserializer<QueryError> = param.0.as_ref().into_deserializer();
+        seed.deserialize(name).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, QueryError> {
+        let Some((name, values)) = self.current.take() else {
+            return Err(QueryError::new("a parameter value without its name"));
+        };
+        seed.deserialize(Values(values))
+            .map_err(|e| QueryError(format!("{name}: {e}")))
+    }
+}
+
+/// The values one parameter was given.
+struct Values<'a>(&'a [Cow<'a, str>]);
+
+impl<'a> Values<'a> {
+    /// The value of a scalar parameter: exactly one, not blank.
+    fn one(&self) -> Result<&'a str, QueryError> {
+        match self.0 {
+            [value] if value.trim().is_empty() => Err(QueryError::new("must not be empty")),
+            [value] => Ok(value.trim()),
+            _ => Err(QueryError::new("must be given at most once")),
+        }
+    }
+}
+
+impl<'de, 'a> de::Deserializer<'de> for Values<'a> {
+    type Error = QueryError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_str(self.one()?)
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        match self.one()? {
+            "true" => visitor.visit_bool(true),
+            "false" => visitor.visit_bool(false),
+            _ => Err(QueryError::new("must be true or false")),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_some(self)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, QueryError> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    /// A list: every comma-separated item of every value, trimmed, empty items skipped.
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        let items = self
+            .0
+            .iter()
+            .flat_map(|value| value.split(','))
+            .map(str::trim)
+            .filter(|item| !item.is_empty());
+        let mut seq = SeqDeserializer::new(items);
+        let list = visitor.visit_seq(&mut seq)?;
+        seq.end()?;
+        Ok(list)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, QueryError> {
+        let value: StrDeserializer<QueryError> = self.one()?.into_deserializer();
+        value.deserialize_enum(name, variants, visitor)
+    }
+
+    /// A parameter the struct does not declare: whatever it holds, it is ignored.
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        visitor.visit_unit()
+    }
+
+    forward_to_deserialize_any! {
+        i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        unit unit_struct tuple tuple_struct map struct identifier
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+    use crate::WireUnit;
+
+    #[derive(Debug, Default, PartialEq, Deserialize)]
+    #[serde(default)]
+    struct Probe {
+        name: Option<String>,
+        limit: Option<PageSize>,
+        flag: Option<bool>,
+        unit: Option<WireUnit>,
+        include: Vec<String>,
+    }
+
+    fn probe(raw: &str) -> Result<Probe, String> {
+        parse_query(Some(raw)).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn declared_parameters_are_typed_and_others_ignored() {
+        let p = probe("name=%20a%20b&limit=5&flag=true&unit=TOKENS&color=x&color=").unwrap();
+        assert_eq!(p.name.as_deref(), Some("a b"));
+        assert_eq!(p.limit, Some(PageSize(5)));
+        assert_eq!(p.flag, Some(true));
+        assert_eq!(p.unit, Some(WireUnit::Tokens));
+        assert_eq!(parse_query::<Probe>(None).unwrap(), Probe::default());
+    }
+
+    #[test]
+    fn a_repeated_or_empty_scalar_is_refused_by_name() {
+        for (raw, message) in [
+            ("limit=1&limit=2", "limit: must be given at most once"),
+            ("name=a&name=a", "name: must be given at most once"),
+            ("name=", "name: must not be empty"),
+            ("limit=%20", "limit: must not be empty"),
+            ("flag=&name=a", "flag: must not be empty"),
+            ("unit=", "unit: must not be empty"),
+            ("limit=x", "limit: must be an integer between 1 and 200"),
+            ("limit=0", "limit: must be an integer between 1 and 200"),
+            ("limit=201", "limit: must be an integer between 1 and 200"),
+            ("flag=yes", "flag: must be true or false"),
+        ] {
+            assert_eq!(probe(raw).unwrap_err(), message, "{raw}");
+        }
+        assert!(probe("unit=GOLD")
+            .unwrap_err()
+            .starts_with("unit: unknown variant"));
+    }
+
+    #[test]
+    fn a_list_takes_commas_and_repeats_and_skips_empty_items() {
+        let p = probe("include=a,%20b,,&include=c&include=").unwrap();
+        assert_eq!(p.include, ["a", "b", "c"]);
+        assert!(probe("include=").unwrap().include.is_empty());
+    }
+
+    #[test]
+    fn a_missing_required_parameter_is_named() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Required {
+            scope: String,
+        }
+        let e = parse_query::<Required>(Some("other=1")).unwrap_err();
+        assert_eq!(e.message, "scope: query parameter is required");
+    }
+}
