@@ -3,14 +3,13 @@
 //! Every body is built from the `protocol` request types.
 
 use anyhow::{bail, Context};
-use protocol::admin::{
-    ApiKeyCreateRequest, ApiKeyCreateResponse, BudgetCreateRequest, BudgetLedger,
-    TenantCreateRequest,
-};
+use protocol::api_key::{ApiKeyCreateRequest, ApiKeyCreateResponse};
+use protocol::budget::{BudgetCreateRequest, BudgetLedger};
 use protocol::runtime::{
     CommitRequest, DecisionRequest, EventCreateRequest, ReleaseRequest, ReservationCreateRequest,
     ReservationExtendRequest,
 };
+use protocol::tenant::TenantCreateRequest;
 use protocol::{Action, Amount, Subject, WirePolicy, WireUnit};
 use serde::{Deserialize, Serialize};
 

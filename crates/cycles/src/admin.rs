@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use protocol::admin::{
-    ApiKeyCreateRequest, BudgetCreateRequest, BudgetFundingRequest, TenantCreateRequest,
-};
+use protocol::api_key::ApiKeyCreateRequest;
+use protocol::budget::{BudgetCreateRequest, BudgetFundingRequest};
+use protocol::tenant::TenantCreateRequest;
 use protocol::{Amount, WirePolicy, WireUnit};
 use reqwest::Method;
 use serde::de::{DeserializeOwned, IntoDeserializer};

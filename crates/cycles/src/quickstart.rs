@@ -2,10 +2,10 @@
 //! commands to try a reservation with them.
 
 use anyhow::bail;
-use protocol::admin::{
-    ApiKeyCreateRequest, ApiKeyCreateResponse, BudgetCreateRequest, TenantCreateRequest,
-};
+use protocol::api_key::{ApiKeyCreateRequest, ApiKeyCreateResponse};
+use protocol::budget::BudgetCreateRequest;
 use protocol::runtime::{CommitRequest, ReservationCreateRequest};
+use protocol::tenant::TenantCreateRequest;
 use protocol::{Action, Amount, Subject, WireUnit};
 use reqwest::Method;
 

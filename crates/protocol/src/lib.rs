@@ -3,7 +3,8 @@
 //! rejected), and response types carry exactly the fields the schemas allow, never `null`.
 //! Handlers convert explicitly between these and the domain types of `ledger`.
 
-pub mod admin;
+pub mod api_key;
+pub mod budget;
 mod common;
 mod cursor;
 mod error;
@@ -13,6 +14,7 @@ pub mod policy;
 mod query;
 pub mod runtime;
 pub mod schema;
+pub mod tenant;
 mod time;
 mod validate;
 

@@ -4,9 +4,9 @@ use ledger::{PolicyListQuery, PolicyStatus, RateLimits, TtlOverride};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::admin::check_tenant_id;
 use crate::query::PageSize;
 use crate::schema::PolicyStatus as PolicyStatusSchema;
+use crate::tenant::check_tenant_id;
 use crate::validate::{len_between, max_len, non_negative, range};
 use crate::{format_rfc3339, parse_rfc3339, ApiError, Validate, WirePolicy};
 

@@ -7,7 +7,7 @@ use std::fmt::Display;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::ApiError;
+use crate::{parse_rfc3339, ApiError};
 
 /// Field-level checks beyond what the JSON types enforce (lengths, ranges, patterns).
 pub trait Validate {
@@ -147,4 +147,29 @@ pub(crate) fn non_negative(field: impl Display, value: i64) -> Result<(), ApiErr
 /// Idempotency keys: 1–256 characters.
 pub(crate) fn idempotency_key(field: impl Display, key: &str) -> Result<(), ApiError> {
     len_between(field, key, 1, 256)
+}
+
+/// A wire enum value, parsed by `parse`; `allowed` lists the values for the error message.
+pub(crate) fn parse_enum<T>(
+    field: &str,
+    value: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    allowed: &str,
+) -> Result<T, ApiError> {
+    parse(value).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{field}: unknown value '{value}' (expected one of {allowed})"
+        ))
+    })
+}
+
+/// An optional RFC 3339 date-time field, as epoch milliseconds.
+pub(crate) fn timestamp(field: &str, value: &Option<String>) -> Result<Option<i64>, ApiError> {
+    value
+        .as_deref()
+        .map(|v| {
+            parse_rfc3339(v)
+                .ok_or_else(|| ApiError::invalid(format!("{field}: not an RFC 3339 date-time")))
+        })
+        .transpose()
 }

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use ledger::{CreateApiKey, RevokeApiKey};
-use protocol::admin::{
+use protocol::api_key::{
     ApiKeyCreateRequest, ApiKeyCreateResponse, ApiKeyResponse, KeyPath, RevokeParams,
 };
 use protocol::{parse_query, Plane};

@@ -10,7 +10,7 @@ use ledger::{
     Budget, CreateBudget, FundBudget, ListBudgets, LookupBudget, SetBudgetFrozen, Unit,
     UpdateBudget,
 };
-use protocol::admin::{
+use protocol::budget::{
     BudgetAddress, BudgetCreateRequest, BudgetFundingRequest, BudgetFundingResponse, BudgetLedger,
     BudgetListParams, BudgetListResponse, BudgetStatusTransitionRequest, BudgetUpdateRequest,
     FundParams,

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use ledger::{CreateTenant, GetTenant, Tenant, TenantWritten, UpdateTenant};
-use protocol::admin::{TenantCreateRequest, TenantPath, TenantResponse, TenantUpdateRequest};
+use protocol::tenant::{TenantCreateRequest, TenantPath, TenantResponse, TenantUpdateRequest};
 use protocol::Plane;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
