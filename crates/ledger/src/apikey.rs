@@ -141,16 +141,6 @@ pub enum ApiKeyStatus {
     Expired,
 }
 
-impl ApiKeyStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApiKeyStatus::Active => "ACTIVE",
-            ApiKeyStatus::Revoked => "REVOKED",
-            ApiKeyStatus::Expired => "EXPIRED",
-        }
-    }
-}
-
 /// A tenant key. The secret itself is never stored: only its SHA-256 digest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiKey {

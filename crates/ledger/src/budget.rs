@@ -24,18 +24,6 @@ impl OveragePolicy {
         OveragePolicy::AllowIfAvailable,
         OveragePolicy::AllowWithOverdraft,
     ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OveragePolicy::Reject => "REJECT",
-            OveragePolicy::AllowIfAvailable => "ALLOW_IF_AVAILABLE",
-            OveragePolicy::AllowWithOverdraft => "ALLOW_WITH_OVERDRAFT",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == s)
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,26 +50,6 @@ pub enum RolloverPolicy {
     None,
     CarryForward,
     CapAtAllocated,
-}
-
-impl RolloverPolicy {
-    pub const ALL: [RolloverPolicy; 3] = [
-        RolloverPolicy::None,
-        RolloverPolicy::CarryForward,
-        RolloverPolicy::CapAtAllocated,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RolloverPolicy::None => "NONE",
-            RolloverPolicy::CarryForward => "CARRY_FORWARD",
-            RolloverPolicy::CapAtAllocated => "CAP_AT_ALLOCATED",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == s)
-    }
 }
 
 /// A budget is addressed by its canonical scope and unit.
@@ -415,20 +383,6 @@ impl FundingOp {
         FundingOp::ResetSpent,
         FundingOp::RepayDebt,
     ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FundingOp::Credit => "CREDIT",
-            FundingOp::Debit => "DEBIT",
-            FundingOp::Reset => "RESET",
-            FundingOp::ResetSpent => "RESET_SPENT",
-            FundingOp::RepayDebt => "REPAY_DEBT",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s)
-    }
 }
 
 /// Applies a funding operation (admin spec §3.2). Over-limit is recomputed from the debt

@@ -22,32 +22,6 @@ pub enum SortBy {
 }
 
 impl SortBy {
-    pub const ALL: [SortBy; 7] = [
-        SortBy::ReservationId,
-        SortBy::Tenant,
-        SortBy::ScopePath,
-        SortBy::Status,
-        SortBy::Reserved,
-        SortBy::CreatedAt,
-        SortBy::ExpiresAt,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SortBy::ReservationId => "reservation_id",
-            SortBy::Tenant => "tenant",
-            SortBy::ScopePath => "scope_path",
-            SortBy::Status => "status",
-            SortBy::Reserved => "reserved",
-            SortBy::CreatedAt => "created_at_ms",
-            SortBy::ExpiresAt => "expires_at_ms",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.as_str() == s)
-    }
-
     /// Whether this order's values are text (else integers).
     pub fn is_text(self) -> bool {
         matches!(Order::from(self), Order::Id | Order::Scope)

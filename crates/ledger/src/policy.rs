@@ -37,21 +37,6 @@ pub enum PolicyStatus {
     Disabled,
 }
 
-impl PolicyStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyStatus::Active => "ACTIVE",
-            PolicyStatus::Disabled => "DISABLED",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [PolicyStatus::Active, PolicyStatus::Disabled]
-            .into_iter()
-            .find(|p| p.as_str() == s)
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     pub policy_id: String,

@@ -45,16 +45,6 @@ pub enum Decision {
     Deny,
 }
 
-impl Decision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Allow => "ALLOW",
-            Decision::AllowWithCaps => "ALLOW_WITH_CAPS",
-            Decision::Deny => "DENY",
-        }
-    }
-}
-
 /// A reserve (live or dry run).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReserveResult {

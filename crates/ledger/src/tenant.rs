@@ -17,51 +17,11 @@ pub enum TenantStatus {
     Closed,
 }
 
-impl TenantStatus {
-    pub const ALL: [TenantStatus; 3] = [
-        TenantStatus::Active,
-        TenantStatus::Suspended,
-        TenantStatus::Closed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TenantStatus::Active => "ACTIVE",
-            TenantStatus::Suspended => "SUSPENDED",
-            TenantStatus::Closed => "CLOSED",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExpiryPolicy {
     AutoRelease,
     ManualCleanup,
     GraceOnly,
-}
-
-impl ExpiryPolicy {
-    pub const ALL: [ExpiryPolicy; 3] = [
-        ExpiryPolicy::AutoRelease,
-        ExpiryPolicy::ManualCleanup,
-        ExpiryPolicy::GraceOnly,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExpiryPolicy::AutoRelease => "AUTO_RELEASE",
-            ExpiryPolicy::ManualCleanup => "MANUAL_CLEANUP",
-            ExpiryPolicy::GraceOnly => "GRACE_ONLY",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == s)
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

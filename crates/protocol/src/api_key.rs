@@ -1,5 +1,6 @@
 //! API keys (admin plane).
 
+use crate::WireName;
 use std::borrow::Cow;
 
 use ledger::{ApiKey, Permission};
@@ -168,7 +169,7 @@ pub struct ApiKeyResponse {
 impl ApiKeyResponse {
     pub fn new(key: ApiKey, now_ms: i64) -> Self {
         ApiKeyResponse {
-            status: key.effective_status(now_ms).as_str(),
+            status: key.effective_status(now_ms).wire_name(),
             permissions: permission_names(&key.permissions),
             metadata: metadata_raw(key.metadata.as_deref()),
             key_id: key.key_id,

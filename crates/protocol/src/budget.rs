@@ -1,5 +1,6 @@
 //! Budgets and their funding (admin plane).
 
+use crate::WireName;
 use std::borrow::Cow;
 
 use ledger::{
@@ -86,7 +87,7 @@ impl Validate for BudgetCreateRequest {
             parse_enum(
                 "rollover_policy",
                 r,
-                RolloverPolicy::parse,
+                RolloverPolicy::from_wire_name,
                 ROLLOVER_POLICIES,
             )?;
         }
@@ -133,7 +134,7 @@ impl BudgetCreateRequest {
             rollover_policy: self
                 .rollover_policy
                 .as_deref()
-                .and_then(RolloverPolicy::parse),
+                .and_then(RolloverPolicy::from_wire_name),
             period_start_ms: self.period_start.as_deref().and_then(parse_rfc3339),
             period_end_ms: self.period_end.as_deref().and_then(parse_rfc3339),
             metadata: metadata_text(&self.metadata),
@@ -222,7 +223,12 @@ pub struct BudgetFundingRequest {
 
 impl Validate for BudgetFundingRequest {
     fn validate(&self) -> Result<(), ApiError> {
-        let op = parse_enum("operation", &self.operation, FundingOp::parse, FUNDING_OPS)?;
+        let op = parse_enum(
+            "operation",
+            &self.operation,
+            FundingOp::from_wire_name,
+            FUNDING_OPS,
+        )?;
         self.amount.check("amount")?;
         if let Some(s) = &self.spent {
             if op != FundingOp::ResetSpent {
@@ -258,7 +264,7 @@ impl BudgetFundingRequest {
         });
         Ok(ledger::Funding {
             tenant_id,
-            operation: FundingOp::parse(&self.operation)
+            operation: FundingOp::from_wire_name(&self.operation)
                 .ok_or_else(|| ApiError::invalid("operation: unknown value"))?,
             amount: self.amount.amount,
             spent: self.spent.map(|s| s.amount),
@@ -293,7 +299,7 @@ impl From<&FundResult> for BudgetFundingResponse {
     fn from(r: &FundResult) -> Self {
         let a = |v| Amount::new(r.unit, v);
         BudgetFundingResponse {
-            operation: r.operation.as_str(),
+            operation: r.operation.wire_name(),
             previous_allocated: a(r.previous.allocated),
             new_allocated: a(r.new.allocated),
             previous_remaining: a(r.previous.remaining),
@@ -363,7 +369,7 @@ impl From<Budget> for BudgetLedger {
             is_over_limit: b.is_over_limit,
             commit_overage_policy: b.commit_overage_policy.map(Into::into),
             status: b.status.as_str().into(),
-            rollover_policy: b.rollover_policy.as_str().into(),
+            rollover_policy: b.rollover_policy.wire_name().into(),
             period_start: b.period_start_ms.map(format_rfc3339),
             period_end: b.period_end_ms.map(format_rfc3339),
             created_at: format_rfc3339(b.created_at_ms),

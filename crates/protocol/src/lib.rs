@@ -17,6 +17,7 @@ pub mod schema;
 pub mod tenant;
 mod time;
 mod validate;
+mod wire;
 
 pub use common::*;
 pub use cursor::{decode_budget_cursor, encode_budget_cursor};
@@ -25,6 +26,7 @@ pub use fingerprint::fingerprint;
 pub use query::{parse_query, PageSize};
 pub use time::{format_rfc3339, parse_rfc3339};
 pub use validate::{parse_body, Validate};
+pub use wire::WireName;
 
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;

@@ -1,5 +1,6 @@
 //! `GET /v1/reservations`: its query parameters, bound cursors and the summary rows.
 
+use crate::WireName;
 use std::sync::Arc;
 
 use ledger::{
@@ -37,7 +38,7 @@ fn filter_hash(q: &ListReservations) -> String {
 
 pub fn encode_list_cursor(q: &ListReservations, (value, id): Position) -> String {
     let cursor = Cursor {
-        s: q.sort_by.as_str().into(),
+        s: q.sort_by.wire_name().into(),
         d: q.descending,
         f: filter_hash(q),
         v: value,
@@ -54,7 +55,7 @@ fn decode_list_cursor(raw: &str, q: &ListReservations) -> Result<Position, ApiEr
     };
     let bytes = hex::decode(raw).map_err(|_| invalid("malformed"))?;
     let c: Cursor = serde_json::from_slice(&bytes).map_err(|_| invalid("malformed"))?;
-    if c.s != q.sort_by.as_str() || c.d != q.descending || c.f != filter_hash(q) {
+    if c.s != q.sort_by.wire_name() || c.d != q.descending || c.f != filter_hash(q) {
         return Err(invalid("issued for a different sort or filters"));
     }
     if matches!(c.v, SortValue::Text(_)) != q.sort_by.is_text() {
@@ -166,7 +167,7 @@ impl ReservationListParams {
             .sort_by
             .as_deref()
             .map(|s| {
-                SortBy::parse(s).ok_or_else(|| {
+                SortBy::from_wire_name(s).ok_or_else(|| {
                     ApiError::invalid("sort_by: must be one of reservation_id, tenant, scope_path, status, reserved, created_at_ms, expires_at_ms")
                 })
             })

@@ -1,5 +1,6 @@
 //! Policies (admin plane) and the `Caps` they supply to runtime decisions.
 
+use crate::WireName;
 use ledger::{PolicyListQuery, PolicyStatus, RateLimits, TtlOverride};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -283,7 +284,7 @@ impl Validate for PolicyUpdateRequest {
             max_len("description", d, 1024)?;
         }
         if let Some(s) = &self.status {
-            PolicyStatus::parse(s)
+            PolicyStatus::from_wire_name(s)
                 .ok_or_else(|| ApiError::invalid("status: must be ACTIVE or DISABLED"))?;
         }
         check_common(
@@ -311,7 +312,10 @@ impl PolicyUpdateRequest {
             rate_limits: self.rate_limits.map(PolicyRateLimits::domain),
             effective_from_ms: self.effective_from.as_deref().and_then(parse_rfc3339),
             effective_until_ms: self.effective_until.as_deref().and_then(parse_rfc3339),
-            status: self.status.as_deref().and_then(PolicyStatus::parse),
+            status: self
+                .status
+                .as_deref()
+                .and_then(PolicyStatus::from_wire_name),
         }
     }
 }
@@ -367,7 +371,7 @@ impl From<ledger::Policy> for PolicyResponse {
                 max_reservations_per_minute: r.max_reservations_per_minute,
                 max_commits_per_minute: r.max_commits_per_minute,
             }),
-            status: p.status.as_str(),
+            status: p.status.wire_name(),
             effective_from: p.effective_from_ms.map(format_rfc3339),
             effective_until: p.effective_until_ms.map(format_rfc3339),
             created_at: format_rfc3339(p.created_at_ms),
@@ -415,7 +419,7 @@ impl PolicyListParams {
             .status
             .as_deref()
             .map(|s| {
-                PolicyStatus::parse(s)
+                PolicyStatus::from_wire_name(s)
                     .ok_or_else(|| ApiError::invalid("status: must be ACTIVE or DISABLED"))
             })
             .transpose()?;

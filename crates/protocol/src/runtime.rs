@@ -1,5 +1,6 @@
 //! The runtime plane: reservations, decide, events, balances.
 
+use crate::WireName;
 use ledger::{
     Actor, CommitResult, DecideResult, EventResult, ExtendResult, GetBalances, Idempotency,
     ReleaseResult, Reservation, ReserveResult,
@@ -215,7 +216,7 @@ pub struct ReservationCreateResponse<'a> {
 impl<'a> ReservationCreateResponse<'a> {
     pub fn new(r: &'a ReserveResult, remaining_ttl_ms: Option<i64>) -> Self {
         ReservationCreateResponse {
-            decision: r.decision.as_str(),
+            decision: r.decision.wire_name(),
             reservation_id: r.reservation_id.as_deref(),
             affected_scopes: &r.affected_scopes,
             expires_at_ms: r.expires_at_ms,
@@ -453,7 +454,7 @@ pub struct DecisionResponse<'a> {
 impl<'a> From<&'a DecideResult> for DecisionResponse<'a> {
     fn from(r: &'a DecideResult) -> Self {
         DecisionResponse {
-            decision: r.decision.as_str(),
+            decision: r.decision.wire_name(),
             reason_code: r.reason_code.as_deref(),
             caps: r.caps.clone().map(Into::into),
             affected_scopes: &r.affected_scopes,

@@ -1,6 +1,6 @@
 //! OpenAPI schemas for wire values that are not Rust types of their own: the string enums
-//! the response types carry as `&'static str` (their values come from the domain enums'
-//! `as_str`, so the document cannot drift from what is emitted), the string enums requests
+//! the response types carry as `&'static str` (their values come from the same tables that
+//! spell them, `wire.rs` or the domain enums' `as_str`, so the document cannot drift from what is emitted), the string enums requests
 //! carry as `String` (validated against the same domain enums), and `SignedAmount`.
 //!
 //! These types exist for documentation only: nothing is ever built from them.
@@ -15,7 +15,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::WireUnit;
+use crate::{WireName, WireUnit};
 
 fn string_enum(description: &str, values: &[&'static str]) -> RefOr<Schema> {
     ObjectBuilder::new()
@@ -44,30 +44,29 @@ macro_rules! string_enum {
 
 string_enum! {
     DecisionEnum => "The admission decision.",
-        [Decision::Allow, Decision::AllowWithCaps, Decision::Deny].map(Decision::as_str);
+        *Decision::NAMES;
     ReservationStatus => "A reservation's lifecycle state.",
         DomainReservationStatus::ALL.map(DomainReservationStatus::as_str);
     Permission => "A permission an API key can hold.",
         DomainPermission::ALL.map(DomainPermission::as_str);
     TenantStatus => "A tenant's lifecycle state.",
-        DomainTenantStatus::ALL.map(DomainTenantStatus::as_str);
+        *DomainTenantStatus::NAMES;
     ReservationExpiryPolicy => "What happens to a tenant's reservations that are never settled.",
-        ExpiryPolicy::ALL.map(ExpiryPolicy::as_str);
+        *ExpiryPolicy::NAMES;
     BudgetStatus => "A budget's state.",
         [DomainBudgetStatus::Active, DomainBudgetStatus::Frozen, DomainBudgetStatus::Closed]
             .map(DomainBudgetStatus::as_str);
     RolloverPolicy => "How unused budget is treated at a period boundary (recorded and reported).",
-        DomainRolloverPolicy::ALL.map(DomainRolloverPolicy::as_str);
+        *DomainRolloverPolicy::NAMES;
     FundingOperation => "A funding operation.",
-        FundingOp::ALL.map(FundingOp::as_str);
+        *FundingOp::NAMES;
     ApiKeyStatus => "An API key's state (EXPIRED once `expires_at` has passed).",
-        [DomainApiKeyStatus::Active, DomainApiKeyStatus::Revoked, DomainApiKeyStatus::Expired]
-            .map(DomainApiKeyStatus::as_str);
+        *DomainApiKeyStatus::NAMES;
     ReservationSortBy => "The field reservations are listed by.",
-        SortBy::ALL.map(SortBy::as_str);
+        *SortBy::NAMES;
     SortDirection => "The direction of a listing.", ["asc", "desc"];
     PolicyStatus => "A policy's state: a DISABLED policy does not apply.",
-        [DomainPolicyStatus::Active, DomainPolicyStatus::Disabled].map(DomainPolicyStatus::as_str);
+        *DomainPolicyStatus::NAMES;
     CommittedStatus => "Always COMMITTED.", ["COMMITTED"];
     ReleasedStatus => "Always RELEASED.", ["RELEASED"];
     ExtendedStatus => "Always ACTIVE: the reservation is still open.", ["ACTIVE"];

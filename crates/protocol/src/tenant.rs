@@ -1,5 +1,6 @@
 //! Tenants (admin plane).
 
+use crate::WireName;
 use std::collections::BTreeMap;
 
 use ledger::{ExpiryPolicy, Tenant, TenantStatus};
@@ -107,7 +108,7 @@ impl Validate for TenantCreateRequest {
             parse_enum(
                 "reservation_expiry_policy",
                 p,
-                ExpiryPolicy::parse,
+                ExpiryPolicy::from_wire_name,
                 EXPIRY_POLICIES,
             )?;
         }
@@ -143,7 +144,7 @@ impl TenantCreateRequest {
             reservation_expiry_policy: self
                 .reservation_expiry_policy
                 .as_deref()
-                .and_then(ExpiryPolicy::parse),
+                .and_then(ExpiryPolicy::from_wire_name),
             metadata: self.metadata.unwrap_or_default(),
         }
     }
@@ -177,7 +178,7 @@ impl Validate for TenantUpdateRequest {
             len_between("name", n, 1, 256)?;
         }
         if let Some(s) = &self.status {
-            parse_enum("status", s, TenantStatus::parse, TENANT_STATUSES)?;
+            parse_enum("status", s, TenantStatus::from_wire_name, TENANT_STATUSES)?;
         }
         check_string_map("metadata", &self.metadata)?;
         check_tenant_settings(
@@ -192,7 +193,10 @@ impl TenantUpdateRequest {
     pub fn into_patch(self) -> ledger::TenantPatch {
         ledger::TenantPatch {
             name: self.name,
-            status: self.status.as_deref().and_then(TenantStatus::parse),
+            status: self
+                .status
+                .as_deref()
+                .and_then(TenantStatus::from_wire_name),
             metadata: self.metadata,
             default_commit_overage_policy: self.default_commit_overage_policy.map(Into::into),
             default_reservation_ttl_ms: self.default_reservation_ttl_ms,
@@ -238,13 +242,13 @@ impl From<Tenant> for TenantResponse {
         TenantResponse {
             tenant_id: t.tenant_id,
             name: t.name,
-            status: t.status.as_str(),
+            status: t.status.wire_name(),
             parent_tenant_id: t.parent_tenant_id,
             default_commit_overage_policy: t.default_commit_overage_policy.into(),
             default_reservation_ttl_ms: t.default_reservation_ttl_ms,
             max_reservation_ttl_ms: t.max_reservation_ttl_ms,
             max_reservation_extensions: t.max_reservation_extensions,
-            reservation_expiry_policy: t.reservation_expiry_policy.as_str(),
+            reservation_expiry_policy: t.reservation_expiry_policy.wire_name(),
             metadata: t.metadata,
             created_at: format_rfc3339(t.created_at_ms),
             updated_at: format_rfc3339(t.updated_at_ms),
