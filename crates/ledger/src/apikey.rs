@@ -171,6 +171,14 @@ impl ApiKey {
             self.status
         }
     }
+
+    /// A copy whose `status` is [`ApiKey::effective_status`] at `now`: what reads return.
+    pub fn as_of(&self, now: Millis) -> ApiKey {
+        ApiKey {
+            status: self.effective_status(now),
+            ..self.clone()
+        }
+    }
 }
 
 #[cfg(test)]

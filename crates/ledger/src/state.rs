@@ -210,6 +210,10 @@ impl State {
         self.reservations.get(id).map(|r| &**r)
     }
 
+    pub fn api_keys(&self) -> impl Iterator<Item = &ApiKey> {
+        self.api_keys.values()
+    }
+
     pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
         self.reservations.values().map(|r| &**r)
     }

@@ -1,18 +1,25 @@
 //! API keys (admin plane).
 
-use crate::WireName;
 use std::borrow::Cow;
 
-use ledger::{ApiKey, Permission};
+use ledger::{
+    Actor, ApiKey, ApiKeyListQuery, ApiKeySort, ApiKeyStatus, ListApiKeys, Permission, SortedPage,
+    Window,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{metadata_raw, metadata_text, Metadata};
-use crate::schema::{ApiKeyStatus as KeyStatusSchema, Permission as PermissionSchema};
+use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
+use crate::schema::{
+    ApiKeySortBy, ApiKeyStatus as KeyStatusSchema, Permission as PermissionSchema, SortDirection,
+};
 use crate::tenant::check_tenant_id;
 use crate::validate::{len_between, max_len, timestamp};
-use crate::{format_rfc3339, parse_rfc3339, ApiError, Validate};
+use crate::{
+    format_rfc3339, parse_rfc3339, parse_wire, ApiError, ClampedLimit, Search, Validate, WireName,
+};
 
 /// `ApiKeyCreateRequest`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -33,7 +40,7 @@ pub struct ApiKeyCreateRequest {
     /// Scope prefixes (each up to 256 characters), recorded and reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scope_filter: Option<Vec<String>>,
-    /// Defaults to one year from creation.
+    /// Defaults to 90 days from creation.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime)]
     pub expires_at: Option<String>,
@@ -49,17 +56,35 @@ impl Validate for ApiKeyCreateRequest {
         if let Some(d) = &self.description {
             max_len("description", d, 1024)?;
         }
-        for p in self.permissions.iter().flatten() {
-            Permission::parse(p).ok_or_else(|| {
-                ApiError::invalid(format!("permissions: Unrecognized permission: {p}"))
-            })?;
-        }
-        for f in self.scope_filter.iter().flatten() {
-            max_len("scope_filter[]", f, 256)?;
-        }
+        check_permissions(&self.permissions)?;
+        check_scope_filter(&self.scope_filter)?;
         timestamp("expires_at", &self.expires_at)?;
         Ok(())
     }
+}
+
+fn check_permissions(permissions: &Option<Vec<String>>) -> Result<(), ApiError> {
+    for p in permissions.iter().flatten() {
+        Permission::parse(p).ok_or_else(|| {
+            ApiError::invalid(format!("permissions: Unrecognized permission: {p}"))
+        })?;
+    }
+    Ok(())
+}
+
+fn check_scope_filter(scope_filter: &Option<Vec<String>>) -> Result<(), ApiError> {
+    for f in scope_filter.iter().flatten() {
+        max_len("scope_filter[]", f, 256)?;
+    }
+    Ok(())
+}
+
+/// Permission names, as a sorted set (a validated request's names all parse).
+fn permission_set(names: Vec<String>) -> Vec<Permission> {
+    let mut ps: Vec<Permission> = names.iter().filter_map(|p| Permission::parse(p)).collect();
+    ps.sort();
+    ps.dedup();
+    ps
 }
 
 impl ApiKeyCreateRequest {
@@ -86,13 +111,7 @@ impl ApiKeyCreateRequest {
             tenant_id: self.tenant_id,
             name: self.name,
             description: self.description,
-            permissions: self.permissions.map(|ps| {
-                let mut ps: Vec<Permission> =
-                    ps.iter().filter_map(|p| Permission::parse(p)).collect();
-                ps.sort();
-                ps.dedup();
-                ps
-            }),
+            permissions: self.permissions.map(permission_set),
             scope_filter: self.scope_filter.unwrap_or_default(),
             metadata: metadata_text(&self.metadata),
         }
@@ -167,9 +186,10 @@ pub struct ApiKeyResponse {
 }
 
 impl ApiKeyResponse {
-    pub fn new(key: ApiKey, now_ms: i64) -> Self {
+    /// `key` as the ledger returned it: its status is already as of the request's time.
+    pub fn new(key: ApiKey) -> Self {
         ApiKeyResponse {
-            status: key.effective_status(now_ms).wire_name(),
+            status: key.status.wire_name(),
             permissions: permission_names(&key.permissions),
             metadata: metadata_raw(key.metadata.as_deref()),
             key_id: key.key_id,
@@ -209,5 +229,156 @@ impl RevokeParams {
             max_len("reason", reason, 512)?;
         }
         Ok(self.reason)
+    }
+}
+
+/// `ApiKeyUpdateRequest`: the body of `PATCH /v1/admin/api-keys/{key_id}`. Only the fields
+/// present change; permissions and the scope filter are replaced whole. The tenant, the
+/// expiry and the status cannot change (revoke and issue a new key instead).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = ApiKeyUpdateRequest, description = "A partial update of an ACTIVE API key.")]
+pub struct ApiKeyUpdateRequest {
+    #[schema(min_length = 1, max_length = 256)]
+    pub name: Option<String>,
+    #[schema(max_length = 1024)]
+    pub description: Option<String>,
+    #[schema(value_type = Option<Vec<PermissionSchema>>)]
+    pub permissions: Option<Vec<String>>,
+    pub scope_filter: Option<Vec<String>>,
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Metadata>,
+}
+
+impl Validate for ApiKeyUpdateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        if let Some(n) = &self.name {
+            len_between("name", n, 1, 256)?;
+        }
+        if let Some(d) = &self.description {
+            max_len("description", d, 1024)?;
+        }
+        check_permissions(&self.permissions)?;
+        check_scope_filter(&self.scope_filter)
+    }
+}
+
+impl ApiKeyUpdateRequest {
+    pub fn into_patch(self) -> ledger::ApiKeyPatch {
+        ledger::ApiKeyPatch {
+            metadata: metadata_text(&self.metadata),
+            name: self.name,
+            description: self.description,
+            permissions: self.permissions.map(permission_set),
+            scope_filter: self.scope_filter,
+        }
+    }
+}
+
+/// The query of `GET /v1/admin/api-keys`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ApiKeyListParams {
+    /// Only this tenant's keys; all tenants' when absent.
+    pub tenant_id: Option<String>,
+    /// As of now: an ACTIVE key past its expiry is EXPIRED.
+    #[param(inline, value_type = Option<KeyStatusSchema>)]
+    pub status: Option<String>,
+    /// Case-insensitive substring of the key id or name, at most 128 characters; empty
+    /// means no search.
+    #[serde(default)]
+    #[param(value_type = Option<String>, max_length = 128)]
+    pub search: Search,
+    /// Defaults to created_at; ties are ordered by key id.
+    #[param(inline, value_type = Option<ApiKeySortBy>)]
+    pub sort_by: Option<String>,
+    /// Defaults to desc.
+    #[param(inline, value_type = Option<SortDirection>)]
+    pub sort_dir: Option<String>,
+    /// From the previous page's `next_cursor`; valid only with the same sort and filters.
+    pub cursor: Option<String>,
+    /// Page size, at least 1; defaults to 50, values above 100 are treated as 100.
+    #[param(value_type = Option<u32>, minimum = 1)]
+    pub limit: Option<ClampedLimit>,
+}
+
+/// A key list as the protocol binds its cursors.
+pub struct ApiKeyList {
+    pub operation: ListApiKeys,
+    binding: Binding<'static>,
+}
+
+impl ApiKeyListParams {
+    pub fn into_list(self, actor: Actor) -> Result<ApiKeyList, ApiError> {
+        let status = self
+            .status
+            .as_deref()
+            .map(|s| parse_wire::<ApiKeyStatus>("status", s))
+            .transpose()?;
+        let sort_by = self
+            .sort_by
+            .as_deref()
+            .map(|s| parse_wire::<ApiKeySort>("sort_by", s))
+            .transpose()?
+            .unwrap_or(ApiKeySort::CreatedAt);
+        let descending = descending(self.sort_dir.as_deref())?;
+        let binding = Binding {
+            sort_by: sort_by.wire_name(),
+            descending,
+            filters: format!("{:?}|{status:?}|{:?}", self.tenant_id, self.search),
+        };
+        let text = matches!(sort_by, ApiKeySort::Name | ApiKeySort::TenantId);
+        let after = self
+            .cursor
+            .as_deref()
+            .map(|raw| decode_sorted_cursor(raw, &binding, text))
+            .transpose()?;
+        Ok(ApiKeyList {
+            operation: ListApiKeys {
+                actor,
+                query: ApiKeyListQuery {
+                    tenant_id: self.tenant_id,
+                    status,
+                    search: self.search.0,
+                    sort_by,
+                    window: Window {
+                        descending,
+                        after,
+                        limit: self.limit.unwrap_or_default().0,
+                    },
+                },
+            },
+            binding,
+        })
+    }
+}
+
+/// `ApiKeyListResponse` (never a secret or its digest).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ApiKeyListResponse, description = "A page of API keys.")]
+pub struct ApiKeyListResponse {
+    pub keys: Vec<ApiKeyResponse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    pub has_more: bool,
+}
+
+impl ApiKeyListResponse {
+    pub fn new(list: &ApiKeyList, page: SortedPage<ApiKey>) -> Self {
+        let next_cursor = page
+            .page
+            .has_more
+            .then(|| page.last.map(|p| encode_sorted_cursor(&list.binding, p)))
+            .flatten();
+        ApiKeyListResponse {
+            keys: page
+                .page
+                .items
+                .into_iter()
+                .map(ApiKeyResponse::new)
+                .collect(),
+            next_cursor,
+            has_more: page.page.has_more,
+        }
     }
 }

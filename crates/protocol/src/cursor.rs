@@ -1,6 +1,8 @@
-//! Opaque cursors for pages ordered by `(scope, unit)`.
+//! Opaque cursors: for pages ordered by `(scope, unit)`, and for sorted lists.
 
-use ledger::Unit;
+use ledger::{Position, SortValue, Unit};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::ApiError;
 
@@ -19,4 +21,73 @@ pub fn decode_budget_cursor(cursor: &str) -> Result<(String, Unit), ApiError> {
     let (scope, unit) = text.split_once('\n').ok_or_else(invalid)?;
     let unit = Unit::parse(unit).ok_or_else(invalid)?;
     Ok((scope.to_string(), unit))
+}
+
+/// A cursor of a sorted list: valid only for the order and the filters it was issued
+/// under, so a client that changes either mid-walk is told to restart instead of getting
+/// rows of another result set.
+#[derive(Serialize, Deserialize)]
+struct SortedCursor {
+    /// Sort field and direction.
+    s: String,
+    d: bool,
+    /// Hash of the filters.
+    f: String,
+    v: SortValue,
+    i: String,
+}
+
+/// What a sorted cursor is bound to: the sort field's wire name, the direction, and the
+/// filters (any `Debug` rendering that differs when they differ).
+pub(crate) struct Binding<'a> {
+    pub sort_by: &'a str,
+    pub descending: bool,
+    pub filters: String,
+}
+
+fn filter_hash(filters: &str) -> String {
+    hex::encode(&Sha256::digest(filters.as_bytes())[..12])
+}
+
+pub(crate) fn encode_sorted_cursor(binding: &Binding, (value, id): Position) -> String {
+    let cursor = SortedCursor {
+        s: binding.sort_by.into(),
+        d: binding.descending,
+        f: filter_hash(&binding.filters),
+        v: value,
+        i: id,
+    };
+    hex::encode(serde_json::to_vec(&cursor).unwrap_or_default())
+}
+
+/// The position a cursor continues from, if it was issued under `binding`; `text` says
+/// whether the sort field's values are text (else integers).
+pub(crate) fn decode_sorted_cursor(
+    raw: &str,
+    binding: &Binding,
+    text: bool,
+) -> Result<Position, ApiError> {
+    let invalid = |why: &str| {
+        ApiError::invalid(format!(
+            "cursor: {why}; restart pagination without a cursor"
+        ))
+    };
+    let bytes = hex::decode(raw).map_err(|_| invalid("malformed"))?;
+    let c: SortedCursor = serde_json::from_slice(&bytes).map_err(|_| invalid("malformed"))?;
+    if c.s != binding.sort_by || c.d != binding.descending || c.f != filter_hash(&binding.filters) {
+        return Err(invalid("issued for a different sort or filters"));
+    }
+    if matches!(c.v, SortValue::Text(_)) != text {
+        return Err(invalid("malformed"));
+    }
+    Ok((c.v, c.i))
+}
+
+/// `sort_dir`: `asc` or `desc`, descending when absent (the spec's default).
+pub(crate) fn descending(sort_dir: Option<&str>) -> Result<bool, ApiError> {
+    match sort_dir {
+        None | Some("desc") => Ok(true),
+        Some("asc") => Ok(false),
+        Some(_) => Err(ApiError::invalid("sort_dir: must be asc or desc")),
+    }
 }

@@ -4,6 +4,7 @@
 //! Handlers convert explicitly between these and the domain types of `ledger`.
 
 pub mod api_key;
+pub mod auth;
 pub mod budget;
 mod common;
 mod cursor;
@@ -23,9 +24,10 @@ pub use common::*;
 pub use cursor::{decode_budget_cursor, encode_budget_cursor};
 pub use error::{ApiError, ErrorBody, ErrorCode, Plane};
 pub use fingerprint::fingerprint;
-pub use query::{parse_query, PageSize};
+pub use query::{parse_query, ClampedLimit, PageSize, Search};
 pub use time::{format_rfc3339, parse_rfc3339};
 pub use validate::{parse_body, Validate};
+pub(crate) use wire::parse_wire;
 pub use wire::WireName;
 
 /// Largest request body accepted, in bytes.
@@ -33,3 +35,5 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// Page size bounds of list endpoints.
 pub const DEFAULT_PAGE_SIZE: usize = 50;
 pub const MAX_PAGE_SIZE: usize = 200;
+/// Largest page of a governance list; larger `limit`s are clamped to it ([`ClampedLimit`]).
+pub const MAX_ADMIN_PAGE_SIZE: usize = 100;

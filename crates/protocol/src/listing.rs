@@ -3,65 +3,30 @@
 use crate::WireName;
 use std::sync::Arc;
 
-use ledger::{
-    Actor, ListReservations, Position, Reservation, ReservationStatus, SortBy, SortValue,
-};
+use ledger::{Actor, ListReservations, Position, Reservation, ReservationStatus, SortBy};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::common::metadata_raw;
+use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
 use crate::query::{level_filters, PageSize};
 use crate::schema::{ReservationSortBy, ReservationStatus as StatusSchema, SortDirection};
 use crate::{parse_rfc3339, Action, Amount, ApiError, Subject};
 
-/// A cursor is valid only for the same order and filters it was issued under.
-#[derive(Serialize, Deserialize)]
-struct Cursor {
-    /// Sort field and direction.
-    s: String,
-    d: bool,
-    /// Hash of the filters.
-    f: String,
-    v: SortValue,
-    i: String,
-}
-
-fn filter_hash(q: &ListReservations) -> String {
-    let canonical = format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
-        q.tenant, q.idempotency_key, q.status, q.filters, q.created, q.expires, q.finalized
-    );
-    hex::encode(&Sha256::digest(canonical.as_bytes())[..12])
-}
-
-pub fn encode_list_cursor(q: &ListReservations, (value, id): Position) -> String {
-    let cursor = Cursor {
-        s: q.sort_by.wire_name().into(),
-        d: q.descending,
-        f: filter_hash(q),
-        v: value,
-        i: id,
-    };
-    hex::encode(serde_json::to_vec(&cursor).unwrap_or_default())
-}
-
-fn decode_list_cursor(raw: &str, q: &ListReservations) -> Result<Position, ApiError> {
-    let invalid = |why: &str| {
-        ApiError::invalid(format!(
-            "cursor: {why}; restart pagination without a cursor"
-        ))
-    };
-    let bytes = hex::decode(raw).map_err(|_| invalid("malformed"))?;
-    let c: Cursor = serde_json::from_slice(&bytes).map_err(|_| invalid("malformed"))?;
-    if c.s != q.sort_by.wire_name() || c.d != q.descending || c.f != filter_hash(q) {
-        return Err(invalid("issued for a different sort or filters"));
+fn binding(q: &ListReservations) -> Binding<'static> {
+    Binding {
+        sort_by: q.sort_by.wire_name(),
+        descending: q.descending,
+        filters: format!(
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            q.tenant, q.idempotency_key, q.status, q.filters, q.created, q.expires, q.finalized
+        ),
     }
-    if matches!(c.v, SortValue::Text(_)) != q.sort_by.is_text() {
-        return Err(invalid("malformed"));
-    }
-    Ok((c.v, c.i))
+}
+
+pub fn encode_list_cursor(q: &ListReservations, position: Position) -> String {
+    encode_sorted_cursor(&binding(q), position)
 }
 
 /// An inclusive time window from two RFC 3339 parameters, `(name, value)` each.
@@ -173,11 +138,7 @@ impl ReservationListParams {
             })
             .transpose()?
             .unwrap_or(SortBy::CreatedAt);
-        let descending = match self.sort_dir.as_deref() {
-            None | Some("desc") => true,
-            Some("asc") => false,
-            Some(_) => return Err(ApiError::invalid("sort_dir: must be asc or desc")),
-        };
+        let descending = descending(self.sort_dir.as_deref())?;
         if let Some(key) = &self.idempotency_key {
             crate::validate::idempotency_key("idempotency_key", key)?;
         }
@@ -208,7 +169,11 @@ impl ReservationListParams {
             actor,
         };
         if let Some(raw) = &self.cursor {
-            q.after = Some(decode_list_cursor(raw, &q)?);
+            q.after = Some(decode_sorted_cursor(
+                raw,
+                &binding(&q),
+                q.sort_by.is_text(),
+            )?);
         }
         Ok((q, Include::of(&self.include)))
     }

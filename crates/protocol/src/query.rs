@@ -16,7 +16,7 @@ use serde::de::value::{SeqDeserializer, StrDeserializer};
 use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
 use serde::forward_to_deserialize_any;
 
-use crate::{ApiError, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
+use crate::{ApiError, DEFAULT_PAGE_SIZE, MAX_ADMIN_PAGE_SIZE, MAX_PAGE_SIZE};
 
 /// A query parameter's name and every value it was given, in order of appearance.
 type Param<'a> = (Cow<'a, str>, Vec<Cow<'a, str>>);
@@ -69,6 +69,85 @@ impl<'de> de::Deserialize<'de> for PageSize {
         }
 
         deserializer.deserialize_str(Text)
+    }
+}
+
+/// The `limit` of a governance list (tenants, API keys, budgets): an integer of at least 1.
+/// The spec sets these lists no maximum (or one clients exceed: the dashboard asks for up to
+/// 2 000 rows), so larger values are clamped to [`MAX_ADMIN_PAGE_SIZE`], as the reference
+/// does, rather than refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClampedLimit(pub usize);
+
+impl Default for ClampedLimit {
+    fn default() -> Self {
+        ClampedLimit(DEFAULT_PAGE_SIZE)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for ClampedLimit {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+
+        impl Visitor<'_> for Text {
+            type Value = ClampedLimit;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a positive integer")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<ClampedLimit, E> {
+                match text.parse::<u64>() {
+                    Ok(n) if n >= 1 => Ok(ClampedLimit(
+                        usize::try_from(n)
+                            .map_or(MAX_ADMIN_PAGE_SIZE, |n| n.min(MAX_ADMIN_PAGE_SIZE)),
+                    )),
+                    _ => Err(E::custom("must be a positive integer")),
+                }
+            }
+        }
+
+        deserializer.deserialize_str(Text)
+    }
+}
+
+/// The `search` parameter: a free-text, case-insensitive substring, at most 128 characters.
+/// Unlike other scalars an empty value is allowed and means "no search" (the spec says so).
+/// Held trimmed and lower-cased; `None` when empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Search(pub Option<String>);
+
+/// The name [`Values`] recognises to let an empty `search` through.
+const SEARCH: &str = "Search";
+
+impl<'de> de::Deserialize<'de> for Search {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+
+        impl<'de> Visitor<'de> for Text {
+            type Value = Search;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a search term of at most 128 characters")
+            }
+
+            fn visit_newtype_struct<D: de::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Search, D::Error> {
+                d.deserialize_str(self)
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Search, E> {
+                let term = text.trim();
+                if term.chars().count() > 128 {
+                    return Err(E::custom("must be at most 128 characters"));
+                }
+                Ok(Search((!term.is_empty()).then(|| term.to_lowercase())))
+            }
+        }
+
+        deserializer.deserialize_newtype_struct(SEARCH, Text)
     }
 }
 
@@ -193,10 +272,14 @@ impl<'de, 'a> de::Deserializer<'de> for Values<'a> {
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(
         self,
-        _: &'static str,
+        name: &'static str,
         visitor: V,
     ) -> Result<V::Value, QueryError> {
-        visitor.visit_newtype_struct(self)
+        match (name, self.0) {
+            // `search` may be empty (it then means no search), but not repeated.
+            (SEARCH, [value]) => visitor.visit_str(value),
+            _ => visitor.visit_newtype_struct(self),
+        }
     }
 
     /// A list: every comma-separated item of every value, trimmed, empty items skipped.

@@ -6,10 +6,10 @@
 //! These types exist for documentation only: nothing is ever built from them.
 
 use ledger::{
-    ApiKeyStatus as DomainApiKeyStatus, BudgetStatus as DomainBudgetStatus, Decision, ExpiryPolicy,
-    FundingOp, Permission as DomainPermission, PolicyStatus as DomainPolicyStatus,
+    ApiKeySort, ApiKeyStatus as DomainApiKeyStatus, BudgetStatus as DomainBudgetStatus, Decision,
+    ExpiryPolicy, FundingOp, Permission as DomainPermission, PolicyStatus as DomainPolicyStatus,
     ReservationStatus as DomainReservationStatus, RolloverPolicy as DomainRolloverPolicy, SortBy,
-    TenantStatus as DomainTenantStatus,
+    TenantSort, TenantStatus as DomainTenantStatus,
 };
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
@@ -62,6 +62,8 @@ string_enum! {
         *FundingOp::NAMES;
     ApiKeyStatus => "An API key's state (EXPIRED once `expires_at` has passed).",
         *DomainApiKeyStatus::NAMES;
+    TenantSortBy => "The field tenants are listed by.", *TenantSort::NAMES;
+    ApiKeySortBy => "The field API keys are listed by.", *ApiKeySort::NAMES;
     ReservationSortBy => "The field reservations are listed by.",
         *SortBy::NAMES;
     SortDirection => "The direction of a listing.", ["asc", "desc"];

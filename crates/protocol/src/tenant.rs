@@ -3,13 +3,19 @@
 use crate::WireName;
 use std::collections::BTreeMap;
 
-use ledger::{ExpiryPolicy, Tenant, TenantStatus};
+use ledger::{
+    Actor, ExpiryPolicy, ListTenants, SortedPage, Tenant, TenantListQuery, TenantSort,
+    TenantStatus, Window,
+};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::schema::{ReservationExpiryPolicy, TenantStatus as TenantStatusSchema};
+use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
+use crate::schema::{
+    ReservationExpiryPolicy, SortDirection, TenantSortBy, TenantStatus as TenantStatusSchema,
+};
 use crate::validate::{len_between, parse_enum, range};
-use crate::{format_rfc3339, ApiError, Validate, WirePolicy};
+use crate::{format_rfc3339, parse_wire, ApiError, ClampedLimit, Search, Validate, WirePolicy};
 
 /// Tenant ids: `^[a-z0-9-]+$`, 3–64 characters.
 pub fn check_tenant_id(field: &str, id: &str) -> Result<(), ApiError> {
@@ -263,4 +269,111 @@ impl From<Tenant> for TenantResponse {
 #[into_params(parameter_in = Path)]
 pub struct TenantPath {
     pub tenant_id: String,
+}
+
+/// The query of `GET /v1/admin/tenants`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TenantListParams {
+    #[param(inline, value_type = Option<TenantStatusSchema>)]
+    pub status: Option<String>,
+    /// Only the children of this tenant.
+    pub parent_tenant_id: Option<String>,
+    /// Case-insensitive substring of the tenant id or name, at most 128 characters; empty
+    /// means no search.
+    #[serde(default)]
+    #[param(value_type = Option<String>, max_length = 128)]
+    pub search: Search,
+    /// Defaults to created_at; ties are ordered by tenant id.
+    #[param(inline, value_type = Option<TenantSortBy>)]
+    pub sort_by: Option<String>,
+    /// Defaults to desc.
+    #[param(inline, value_type = Option<SortDirection>)]
+    pub sort_dir: Option<String>,
+    /// From the previous page's `next_cursor`; valid only with the same sort and filters.
+    pub cursor: Option<String>,
+    /// Page size, at least 1; defaults to 50, values above 100 are treated as 100.
+    #[param(value_type = Option<u32>, minimum = 1)]
+    pub limit: Option<ClampedLimit>,
+}
+
+/// A tenant list as the protocol binds its cursors.
+pub struct TenantList {
+    pub operation: ListTenants,
+    binding: Binding<'static>,
+}
+
+impl TenantListParams {
+    pub fn into_list(self, actor: Actor) -> Result<TenantList, ApiError> {
+        let status = self
+            .status
+            .as_deref()
+            .map(|s| parse_wire::<TenantStatus>("status", s))
+            .transpose()?;
+        let sort_by = self
+            .sort_by
+            .as_deref()
+            .map(|s| parse_wire::<TenantSort>("sort_by", s))
+            .transpose()?
+            .unwrap_or(TenantSort::CreatedAt);
+        let descending = descending(self.sort_dir.as_deref())?;
+        let binding = Binding {
+            sort_by: sort_by.wire_name(),
+            descending,
+            filters: format!("{status:?}|{:?}|{:?}", self.parent_tenant_id, self.search),
+        };
+        let after = self
+            .cursor
+            .as_deref()
+            .map(|raw| decode_sorted_cursor(raw, &binding, sort_by == TenantSort::Name))
+            .transpose()?;
+        let limit = self.limit.unwrap_or_default().0;
+        Ok(TenantList {
+            operation: ListTenants {
+                actor,
+                query: TenantListQuery {
+                    status,
+                    parent_tenant_id: self.parent_tenant_id,
+                    search: self.search.0,
+                    sort_by,
+                    window: Window {
+                        descending,
+                        after,
+                        limit,
+                    },
+                },
+            },
+            binding,
+        })
+    }
+}
+
+/// `TenantListResponse`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = TenantListResponse, description = "A page of tenants.")]
+pub struct TenantListResponse {
+    pub tenants: Vec<TenantResponse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    pub has_more: bool,
+}
+
+impl TenantListResponse {
+    pub fn new(list: &TenantList, page: SortedPage<Tenant>) -> Self {
+        let next_cursor = page
+            .page
+            .has_more
+            .then(|| page.last.map(|p| encode_sorted_cursor(&list.binding, p)))
+            .flatten();
+        TenantListResponse {
+            tenants: page
+                .page
+                .items
+                .into_iter()
+                .map(TenantResponse::from)
+                .collect(),
+            next_cursor,
+            has_more: page.page.has_more,
+        }
+    }
 }

@@ -9,9 +9,11 @@
 //! and the permission check matches the `:read` / `:write` suffixes of a permission's name.
 
 use ledger::{
-    ApiKeyStatus, Decision, ExpiryPolicy, FundingOp, PolicyStatus, RolloverPolicy, SortBy,
-    TenantStatus,
+    ApiKeySort, ApiKeyStatus, Decision, ExpiryPolicy, FundingOp, PolicyStatus, RolloverPolicy,
+    SortBy, TenantSort, TenantStatus,
 };
+
+use crate::ApiError;
 
 /// An enum whose values have a fixed spelling on the wire.
 pub trait WireName: Copy + Sized + 'static {
@@ -22,6 +24,16 @@ pub trait WireName: Copy + Sized + 'static {
 
     /// The value spelled `s`, exactly (case-sensitive, as the spec's enums are).
     fn from_wire_name(s: &str) -> Option<Self>;
+}
+
+/// `value` spelled as one of `T`'s values, else 400 naming `field` and the values it takes.
+pub(crate) fn parse_wire<T: WireName>(field: &str, value: &str) -> Result<T, ApiError> {
+    T::from_wire_name(value).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{field}: unknown value '{value}' (expected one of {})",
+            T::NAMES.join(", ")
+        ))
+    })
 }
 
 /// Declares each value's spelling once; `wire_name` and `from_wire_name` are the two
@@ -78,6 +90,15 @@ wire_names! {
         CreatedAt => "created_at_ms",
         ExpiresAt => "expires_at_ms",
     }
+    TenantSort { TenantId => "tenant_id", Name => "name", Status => "status", CreatedAt => "created_at" }
+    ApiKeySort {
+        KeyId => "key_id",
+        Name => "name",
+        TenantId => "tenant_id",
+        Status => "status",
+        CreatedAt => "created_at",
+        ExpiresAt => "expires_at",
+    }
 }
 
 #[cfg(test)]
@@ -114,5 +135,7 @@ mod tests {
         round_trips::<ApiKeyStatus>();
         round_trips::<PolicyStatus>();
         round_trips::<SortBy>();
+        round_trips::<TenantSort>();
+        round_trips::<ApiKeySort>();
     }
 }

@@ -373,11 +373,11 @@ fn reference<R: ErrorResponse>() -> (String, RefOr<ResponseDoc>) {
 }
 
 macro_rules! errors_of {
-    ($($named:ident),+) => {
-        impl<$($named: ErrorResponse),+> IntoResponses for Errors<($($named,)+)> {
+    ($($named:ident),*) => {
+        impl<$($named: ErrorResponse),*> IntoResponses for Errors<($($named,)*)> {
             fn responses() -> BTreeMap<String, RefOr<ResponseDoc>> {
                 BTreeMap::from_iter([
-                    $(reference::<$named>(),)+
+                    $(reference::<$named>(),)*
                     reference::<Unauthorized>(),
                     reference::<TooManyRequests>(),
                     reference::<InternalError>(),
@@ -388,6 +388,7 @@ macro_rules! errors_of {
     };
 }
 
+errors_of!();
 errors_of!(A);
 errors_of!(A, B);
 errors_of!(A, B, C);

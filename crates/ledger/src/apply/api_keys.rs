@@ -1,7 +1,10 @@
-//! Tenant API keys: issue and revoke.
+//! Tenant API keys: issue, list, update, revoke, and validate a secret.
 
-use crate::{ApiKey, ApiKeyStatus, Effect, Millis, Permission, Rejection};
+use crate::{
+    ApiKey, ApiKeyStatus, Effect, Millis, Permission, Position, Rejection, SortValue, TenantStatus,
+};
 
+use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Tx, DAY_MS};
 
 /// Default lifetime of an API key created without `expires_at` (admin reference: 90 days).
@@ -37,8 +40,105 @@ pub struct RevokeApiKey {
     pub reason: Option<String>,
 }
 
+/// `GET /v1/admin/api-keys`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListApiKeys {
+    pub actor: Actor,
+    pub query: ApiKeyListQuery,
+}
+
+/// The filters (all must hold) and the order of a key list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyListQuery {
+    pub tenant_id: Option<String>,
+    /// As of now: an ACTIVE key past its expiry is EXPIRED.
+    pub status: Option<ApiKeyStatus>,
+    /// Lower-cased; matched against the key id and the name.
+    pub search: Option<String>,
+    pub sort_by: ApiKeySort,
+    pub window: Window,
+}
+
+/// The fields a key list can be ordered by (ties by key id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKeySort {
+    KeyId,
+    Name,
+    TenantId,
+    /// In declaration order: ACTIVE, REVOKED, EXPIRED (as of now).
+    Status,
+    CreatedAt,
+    ExpiresAt,
+}
+
+impl ApiKeySort {
+    fn position(self, k: &ApiKey, now: Millis) -> Position {
+        let value = match self {
+            ApiKeySort::KeyId => SortValue::Int(0),
+            ApiKeySort::Name => text(&k.name),
+            ApiKeySort::TenantId => text(&k.tenant_id),
+            ApiKeySort::Status => SortValue::Int(k.effective_status(now) as i64),
+            ApiKeySort::CreatedAt => SortValue::Int(k.created_at_ms),
+            ApiKeySort::ExpiresAt => SortValue::Int(k.expires_at_ms),
+        };
+        (value, k.key_id.clone())
+    }
+}
+
+/// `PATCH /v1/admin/api-keys/{id}`: only while the key is ACTIVE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateApiKey {
+    pub actor: Actor,
+    pub key_id: String,
+    pub patch: ApiKeyPatch,
+}
+
+/// Fields of a key update; `None` leaves a field as it is. Permissions and the scope filter
+/// are replaced whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiKeyPatch {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub permissions: Option<Vec<Permission>>,
+    pub scope_filter: Option<Vec<String>>,
+    pub metadata: Option<String>,
+}
+
+/// `POST /v1/auth/validate`: is this secret (its digest) a usable key? Admin only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidateApiKey {
+    pub actor: Actor,
+    pub digest: [u8; 32],
+}
+
+/// The answer of [`ValidateApiKey`]: the key when it is usable, else why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyValidation {
+    Valid(ApiKey),
+    /// `key` is set when the digest names a key (revoked, expired, or of a tenant that is
+    /// not ACTIVE).
+    Invalid {
+        key: Option<ApiKey>,
+        reason: InvalidKey,
+    },
+}
+
+/// Why a secret does not authenticate (the reference's `reason` values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidKey {
+    NotFound,
+    Revoked,
+    Expired,
+    TenantNotFound,
+    TenantSuspended,
+    TenantClosed,
+}
+
 operation!(CreateApiKey => ApiKey, create_api_key);
 operation!(RevokeApiKey => ApiKey, revoke_api_key);
+operation!(ListApiKeys => SortedPage<ApiKey>, list_api_keys);
+operation!(UpdateApiKey => ApiKey, update_api_key);
+operation!(ValidateApiKey => KeyValidation, validate_api_key);
 
 impl Tx<'_> {
     fn create_api_key(&mut self, op: CreateApiKey) -> Result<ApiKey, Rejection> {
@@ -77,12 +177,7 @@ impl Tx<'_> {
     fn revoke_api_key(&mut self, op: RevokeApiKey) -> Result<ApiKey, Rejection> {
         self.require_admin(&op.actor)?;
         let (key_id, reason) = (op.key_id.as_str(), op.reason);
-        let mut key = self
-            .state
-            .api_keys
-            .get(key_id)
-            .cloned()
-            .ok_or_else(|| Rejection::NotFound(format!("API key not found: {key_id}")))?;
+        let mut key = self.existing_key(key_id)?;
         self.open_tenant(&key.tenant_id)?;
         if key.status == ApiKeyStatus::Revoked {
             return Err(Rejection::KeyRevoked(key_id.to_string()));
@@ -92,5 +187,95 @@ impl Tx<'_> {
         key.revoked_reason = reason;
         self.put(Effect::PutApiKey(key.clone()));
         Ok(key)
+    }
+
+    fn list_api_keys(&mut self, op: ListApiKeys) -> Result<SortedPage<ApiKey>, Rejection> {
+        self.require_admin(&op.actor)?;
+        let (q, now) = (op.query, self.now);
+        let rows = self
+            .state
+            .api_keys
+            .values()
+            .filter(|k| q.tenant_id.as_ref().is_none_or(|t| *k.tenant_id == **t))
+            .filter(|k| q.status.is_none_or(|s| k.effective_status(now) == s))
+            .filter(|k| matches_search(q.search.as_deref(), &[&k.key_id, &k.name]));
+        Ok(sorted_page(rows, |k| q.sort_by.position(k, now), &q.window).map(|k| k.as_of(now)))
+    }
+
+    fn update_api_key(&mut self, op: UpdateApiKey) -> Result<ApiKey, Rejection> {
+        self.require_admin(&op.actor)?;
+        let key_id = op.key_id.as_str();
+        let mut key = self.existing_key(key_id)?;
+        self.open_tenant(&key.tenant_id)?;
+        match key.effective_status(self.now) {
+            ApiKeyStatus::Active => {}
+            ApiKeyStatus::Revoked => return Err(Rejection::KeyRevoked(key_id.to_string())),
+            ApiKeyStatus::Expired => {
+                return Err(Rejection::Conflict(format!(
+                    "API key has expired and cannot be updated: {key_id}"
+                )))
+            }
+        }
+        let patch = op.patch;
+        if let Some(name) = patch.name {
+            key.name = name;
+        }
+        if let Some(description) = patch.description {
+            key.description = Some(description);
+        }
+        if let Some(permissions) = patch.permissions {
+            key.permissions = permissions;
+        }
+        if let Some(scope_filter) = patch.scope_filter {
+            key.scope_filter = scope_filter;
+        }
+        if let Some(metadata) = patch.metadata {
+            key.metadata = Some(metadata);
+        }
+        self.put(Effect::PutApiKey(key.clone()));
+        Ok(key)
+    }
+
+    fn validate_api_key(&mut self, op: ValidateApiKey) -> Result<KeyValidation, Rejection> {
+        self.require_admin(&op.actor)?;
+        let Some(key) = self
+            .state
+            .key_by_digest
+            .get(&op.digest)
+            .and_then(|id| self.state.api_keys.get(id))
+        else {
+            return Ok(KeyValidation::Invalid {
+                key: None,
+                reason: InvalidKey::NotFound,
+            });
+        };
+        let reason = match key.effective_status(self.now) {
+            ApiKeyStatus::Revoked => Some(InvalidKey::Revoked),
+            ApiKeyStatus::Expired => Some(InvalidKey::Expired),
+            ApiKeyStatus::Active => match self.state.tenants.get(&*key.tenant_id) {
+                None => Some(InvalidKey::TenantNotFound),
+                Some(t) => match t.status {
+                    TenantStatus::Active => None,
+                    TenantStatus::Suspended => Some(InvalidKey::TenantSuspended),
+                    TenantStatus::Closed => Some(InvalidKey::TenantClosed),
+                },
+            },
+        };
+        let key = key.clone();
+        Ok(match reason {
+            None => KeyValidation::Valid(key),
+            Some(reason) => KeyValidation::Invalid {
+                key: Some(key),
+                reason,
+            },
+        })
+    }
+
+    fn existing_key(&self, key_id: &str) -> Result<ApiKey, Rejection> {
+        self.state
+            .api_keys
+            .get(key_id)
+            .cloned()
+            .ok_or_else(|| Rejection::NotFound(format!("API key not found: {key_id}")))
     }
 }

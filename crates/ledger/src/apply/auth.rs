@@ -23,11 +23,12 @@ pub enum Principal {
         tenant_id: String,
         key_id: String,
         permissions: Vec<Permission>,
+        scope_filter: Vec<String>,
     },
 }
 
-/// Resolves an actor without doing anything else (the server uses it to answer 401 before
-/// a 400 for a malformed request).
+/// Resolves an actor without doing anything else: `GET /v1/auth/introspect`, and the
+/// server's 401-before-400 check of a malformed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Authenticate(pub Actor);
 
@@ -55,6 +56,7 @@ impl Tx<'_> {
             tenant_id: key.tenant_id.to_string(),
             key_id: key.key_id.clone(),
             permissions: key.permissions.clone(),
+            scope_filter: key.scope_filter.clone(),
         };
         self.tenant = Some(key.tenant_id.clone());
         Ok(principal)

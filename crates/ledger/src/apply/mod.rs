@@ -18,11 +18,15 @@ mod once;
 mod policies;
 mod reads;
 mod reserve;
+mod sorted;
 mod tenants;
 
 use std::sync::Arc;
 
-pub use api_keys::{CreateApiKey, NewApiKey, RevokeApiKey};
+pub use api_keys::{
+    ApiKeyListQuery, ApiKeyPatch, ApiKeySort, CreateApiKey, InvalidKey, KeyValidation, ListApiKeys,
+    NewApiKey, RevokeApiKey, UpdateApiKey, ValidateApiKey,
+};
 pub use auth::{Actor, Authenticate, Principal};
 pub use budgets::{
     BudgetListQuery, BudgetPatch, CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget,
@@ -38,7 +42,11 @@ pub use policies::{
 };
 pub use reads::{GetBalances, GetReservation, ListReservations, Page, ReservationPage};
 pub use reserve::{Reserve, Reserved};
-pub use tenants::{CreateTenant, GetTenant, NewTenant, TenantPatch, TenantWritten, UpdateTenant};
+pub use sorted::{SortedPage, Window};
+pub use tenants::{
+    CreateTenant, GetTenant, ListTenants, NewTenant, TenantListQuery, TenantPatch, TenantSort,
+    TenantWritten, UpdateTenant, TENANT_CLOSED_REASON,
+};
 
 use crate::{Budget, BudgetKey, Effect, Millis, Rejection, State};
 

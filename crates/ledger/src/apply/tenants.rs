@@ -1,16 +1,21 @@
-//! Tenants: create, read, update, and the close that cascades to reservations and budgets.
+//! Tenants: create, read, list, update, and the close that cascades to reservations,
+//! budgets and API keys.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::tenant;
 use crate::{
-    Budget, BudgetKey, BudgetStatus, Effect, ExpiryPolicy, OveragePolicy, Rejection,
-    ReservationStatus, SortBy, Tenant, TenantStatus, Unit,
+    ApiKey, ApiKeyStatus, Budget, BudgetKey, BudgetStatus, Effect, ExpiryPolicy, OveragePolicy,
+    Position, Rejection, ReservationStatus, SortBy, SortValue, Tenant, TenantStatus, Unit,
 };
 
 use super::lifecycle::{released, Returns};
+use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Tx};
+
+/// Why the close cascade revoked a key (`revoked_reason`, as the reference writes it).
+pub const TENANT_CLOSED_REASON: &str = "tenant_closed";
 
 /// `POST /v1/admin/tenants`: idempotent for the same id and name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +51,46 @@ pub struct GetTenant {
     pub tenant_id: String,
 }
 
+/// `GET /v1/admin/tenants`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListTenants {
+    pub actor: Actor,
+    pub query: TenantListQuery,
+}
+
+/// The filters (all must hold) and the order of a tenant list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantListQuery {
+    pub status: Option<TenantStatus>,
+    pub parent_tenant_id: Option<String>,
+    /// Lower-cased; matched against the id and the name.
+    pub search: Option<String>,
+    pub sort_by: TenantSort,
+    pub window: Window,
+}
+
+/// The fields a tenant list can be ordered by (ties by tenant id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantSort {
+    TenantId,
+    Name,
+    /// In lifecycle order: ACTIVE, SUSPENDED, CLOSED.
+    Status,
+    CreatedAt,
+}
+
+impl TenantSort {
+    fn position(self, t: &Tenant) -> Position {
+        let value = match self {
+            TenantSort::TenantId => SortValue::Int(0),
+            TenantSort::Name => text(&t.name),
+            TenantSort::Status => SortValue::Int(t.status as i64),
+            TenantSort::CreatedAt => SortValue::Int(t.created_at_ms),
+        };
+        (value, t.tenant_id.clone())
+    }
+}
+
 /// `PATCH /v1/admin/tenants/{id}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpdateTenant {
@@ -68,6 +113,7 @@ pub struct TenantPatch {
 
 operation!(CreateTenant => TenantWritten, create_tenant);
 operation!(GetTenant => Tenant, get_tenant);
+operation!(ListTenants => SortedPage<Tenant>, list_tenants);
 operation!(UpdateTenant => Tenant, update_tenant);
 
 impl Tx<'_> {
@@ -173,11 +219,29 @@ impl Tx<'_> {
         Ok(t)
     }
 
-    /// Closing a tenant is terminal: its open reservations are released (their holds return)
-    /// and its budgets are closed, in the same step as the status change. Its API keys keep
-    /// authenticating so that replays and reads still work; every mutation is refused with
-    /// TENANT_CLOSED by the guard.
+    fn list_tenants(&mut self, op: ListTenants) -> Result<SortedPage<Tenant>, Rejection> {
+        self.require_admin(&op.actor)?;
+        let q = op.query;
+        let rows = self
+            .state
+            .tenants
+            .values()
+            .filter(|t| q.status.is_none_or(|s| t.status == s))
+            .filter(|t| {
+                q.parent_tenant_id
+                    .as_ref()
+                    .is_none_or(|p| t.parent_tenant_id.as_ref() == Some(p))
+            })
+            .filter(|t| matches_search(q.search.as_deref(), &[&t.tenant_id, &t.name]));
+        Ok(sorted_page(rows, |t| q.sort_by.position(t), &q.window).map(Tenant::clone))
+    }
+
+    /// Closing a tenant is terminal (admin spec §4.2, mode A: one step): its open
+    /// reservations are released (their holds return), its budgets closed and its ACTIVE
+    /// API keys revoked, in the same step as the status change. Reads of the closed tenant's
+    /// objects stay open to the admin key; every mutation is refused with TENANT_CLOSED.
     fn close_cascade(&mut self, tenant_id: &str) -> Result<(), Rejection> {
+        self.revoke_tenant_keys(tenant_id);
         let state = self.state;
         let active = state
             .list_index
@@ -220,6 +284,23 @@ impl Tx<'_> {
             })
             .collect();
         self.put_budgets(budgets)
+    }
+
+    /// Revokes every ACTIVE key of the tenant (an expired one is left as it is: it is
+    /// already unusable, and its record says why).
+    fn revoke_tenant_keys(&mut self, tenant_id: &str) {
+        let state = self.state;
+        let now = self.now;
+        for key in state.api_keys.values() {
+            if &*key.tenant_id == tenant_id && key.effective_status(now) == ApiKeyStatus::Active {
+                self.put(Effect::PutApiKey(ApiKey {
+                    status: ApiKeyStatus::Revoked,
+                    revoked_at_ms: Some(now),
+                    revoked_reason: Some(TENANT_CLOSED_REASON.to_string()),
+                    ..key.clone()
+                }));
+            }
+        }
     }
 
     /// Refuses any change to an object owned by a CLOSED tenant (admin spec §4.2, rule 2).

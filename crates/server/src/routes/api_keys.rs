@@ -1,13 +1,14 @@
-//! API keys (admin plane): issue and revoke a tenant's keys.
+//! API keys (admin plane): issue, list, update and revoke tenants' keys.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
-use ledger::{CreateApiKey, RevokeApiKey};
+use ledger::{CreateApiKey, RevokeApiKey, UpdateApiKey};
 use protocol::api_key::{
-    ApiKeyCreateRequest, ApiKeyCreateResponse, ApiKeyResponse, KeyPath, RevokeParams,
+    ApiKeyCreateRequest, ApiKeyCreateResponse, ApiKeyListParams, ApiKeyListResponse,
+    ApiKeyResponse, ApiKeyUpdateRequest, KeyPath, RevokeParams,
 };
 use protocol::{parse_query, Plane};
 use sha2::{Digest, Sha256};
@@ -23,8 +24,8 @@ use crate::routes::body::admin_body;
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
-        .routes(routes!(create_api_key))
-        .routes(routes!(revoke_api_key))
+        .routes(routes!(create_api_key, list_api_keys))
+        .routes(routes!(update_api_key, revoke_api_key))
 }
 
 #[utoipa::path(
@@ -87,6 +88,60 @@ pub async fn revoke_api_key(
         reason,
     };
     let (key, _) = app.run(operation, Plane::Admin).await?;
-    let now = key.revoked_at_ms.unwrap_or(key.created_at_ms);
-    Ok(json(StatusCode::OK, &ApiKeyResponse::new(key, now)))
+    Ok(json(StatusCode::OK, &ApiKeyResponse::new(key)))
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/api-keys", tag = "API Keys", operation_id = "listApiKeys",
+    summary = "List API keys",
+    description = "Every tenant's keys, or one tenant's with `tenant_id`; never a secret.",
+    params(ApiKeyListParams),
+    responses(
+        (status = 200, description = "A page of keys", body = ApiKeyListResponse),
+        Errors<(BadRequest,)>,
+    ),
+    security(("AdminKeyAuth" = [])),
+)]
+pub async fn list_api_keys(
+    State(app): State<Arc<App>>,
+    RawQuery(raw): RawQuery,
+    Headers(headers): Headers,
+) -> Answer {
+    let actor = auth::admin(app.admin_key(), &headers)?;
+    let list = app
+        .validated(&actor, Plane::Admin, || {
+            parse_query::<ApiKeyListParams>(raw.as_deref())?.into_list(actor.clone())
+        })
+        .await?;
+    let (page, _) = app.run(list.operation.clone(), Plane::Admin).await?;
+    Ok(json(StatusCode::OK, &ApiKeyListResponse::new(&list, page)))
+}
+
+#[utoipa::path(
+    patch, path = "/v1/admin/api-keys/{key_id}", tag = "API Keys",
+    operation_id = "updateApiKey",
+    summary = "Update an API key (name, description, permissions, scope filter, metadata)",
+    params(KeyPath),
+    request_body = ApiKeyUpdateRequest,
+    responses(
+        (status = 200, description = "The updated key", body = ApiKeyResponse),
+        Errors<(BadRequest, NotFound, Conflict)>,
+    ),
+    security(("AdminKeyAuth" = [])),
+)]
+pub async fn update_api_key(
+    State(app): State<Arc<App>>,
+    Path(KeyPath { key_id: id }): Path<KeyPath>,
+    Headers(headers): Headers,
+    bytes: Bytes,
+) -> Answer {
+    let actor = auth::admin(app.admin_key(), &headers)?;
+    let request: ApiKeyUpdateRequest = admin_body(&app, &actor, &bytes).await?;
+    let operation = UpdateApiKey {
+        actor,
+        key_id: id,
+        patch: request.into_patch(),
+    };
+    let (key, _) = app.run(operation, Plane::Admin).await?;
+    Ok(json(StatusCode::OK, &ApiKeyResponse::new(key)))
 }

@@ -3,6 +3,7 @@
 //! by that declaration and adds it to the OpenAPI document (`crate::openapi`).
 
 mod api_keys;
+mod auth;
 mod balances;
 mod body;
 mod budgets;
@@ -76,6 +77,7 @@ fn api_routes() -> OpenApiRouter<Arc<App>> {
         .merge(balances::routes())
         .merge(tenants::routes())
         .merge(api_keys::routes())
+        .merge(auth::routes())
         .merge(budgets::routes())
         .merge(policies::routes())
 }

@@ -1,13 +1,16 @@
-//! Tenants (admin plane): create, read, update.
+//! Tenants (admin plane): create, list, read, update.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use ledger::{CreateTenant, GetTenant, Tenant, TenantWritten, UpdateTenant};
-use protocol::tenant::{TenantCreateRequest, TenantPath, TenantResponse, TenantUpdateRequest};
-use protocol::Plane;
+use protocol::tenant::{
+    TenantCreateRequest, TenantListParams, TenantListResponse, TenantPath, TenantResponse,
+    TenantUpdateRequest,
+};
+use protocol::{parse_query, Plane};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -19,7 +22,7 @@ use crate::routes::body::admin_body;
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
-        .routes(routes!(create_tenant))
+        .routes(routes!(create_tenant, list_tenants))
         .routes(routes!(get_tenant, update_tenant))
 }
 
@@ -57,6 +60,31 @@ pub async fn create_tenant(
         StatusCode::OK
     };
     Ok(json(status, &TenantResponse::from(tenant)))
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/tenants", tag = "Tenants", operation_id = "listTenants",
+    summary = "List tenants",
+    params(TenantListParams),
+    responses(
+        (status = 200, description = "A page of tenants", body = TenantListResponse),
+        Errors<(BadRequest,)>,
+    ),
+    security(("AdminKeyAuth" = [])),
+)]
+pub async fn list_tenants(
+    State(app): State<Arc<App>>,
+    RawQuery(raw): RawQuery,
+    Headers(headers): Headers,
+) -> Answer {
+    let actor = auth::admin(app.admin_key(), &headers)?;
+    let list = app
+        .validated(&actor, Plane::Admin, || {
+            parse_query::<TenantListParams>(raw.as_deref())?.into_list(actor.clone())
+        })
+        .await?;
+    let (page, _) = app.run(list.operation.clone(), Plane::Admin).await?;
+    Ok(json(StatusCode::OK, &TenantListResponse::new(&list, page)))
 }
 
 #[utoipa::path(

@@ -11,6 +11,7 @@ mod admin;
 mod concurrency;
 mod errors;
 mod expiry;
+mod governance;
 mod idempotency;
 mod lifecycle;
 mod listing;

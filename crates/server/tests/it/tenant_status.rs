@@ -1,6 +1,7 @@
-//! The tenant status guard: a CLOSED tenant is refused every mutation (409 TENANT_CLOSED),
-//! its evaluations DENY with TENANT_CLOSED, replays and reads keep working; a SUSPENDED
-//! tenant takes no new reservations but settles the ones it has. Also rate limiting.
+//! The tenant status guard: closing a tenant revokes its keys (401 from then on) and the
+//! admin key, which still reads its objects, is refused every mutation (409 TENANT_CLOSED);
+//! a SUSPENDED tenant takes no new reservations but settles the ones it has. Also rate
+//! limiting.
 
 use crate::common::{amount, reserve_body, As, Engine, TestServer};
 use reqwest::Method;
@@ -55,24 +56,20 @@ async fn closed_tenant_matrix(engine: Engine) {
         .to_string();
     let commit_body =
         json!({"idempotency_key": "c1", "actual": {"unit": "USD_MICROCENTS", "amount": 40}});
-    let committed = s
-        .post(
-            &format!("/v1/reservations/{done_id}/commit"),
-            As::Key(&key),
-            commit_body.clone(),
-        )
-        .await
-        .expect(200, None)
-        .clone();
+    s.post(
+        &format!("/v1/reservations/{done_id}/commit"),
+        As::Key(&key),
+        commit_body.clone(),
+    )
+    .await
+    .expect(200, None);
     let event = json!({
         "idempotency_key": "e1", "subject": subject(),
         "action": {"kind": "k", "name": "n"}, "actual": {"unit": "USD_MICROCENTS", "amount": 5}
     });
-    let event_body = s
-        .post("/v1/events", As::Key(&key), event.clone())
+    s.post("/v1/events", As::Key(&key), event.clone())
         .await
-        .expect(201, None)
-        .clone();
+        .expect(201, None);
 
     let closed = set_status(&s, "acme", "CLOSED").await;
     assert_eq!(closed["status"], "CLOSED");
@@ -83,85 +80,70 @@ async fn closed_tenant_matrix(engine: Engine) {
         (budget["status"].as_str(), amount(&budget, "reserved")),
         (Some("CLOSED"), 0)
     );
-    let got = s
-        .get(&format!("/v1/reservations/{open_id}"), As::Key(&key))
-        .await;
-    assert_eq!(got.expect(200, None)["status"], "RELEASED");
-
-    // Fresh mutations: 409 TENANT_CLOSED, beating the reservations' own state.
-    s.post(
-        "/v1/reservations",
-        As::Key(&key),
-        reserve_body("new", subject(), 1),
-    )
-    .await
-    .expect(409, Some("TENANT_CLOSED"));
-    for (id, op, body) in [
-        (
-            &done_id,
-            "commit",
-            json!({"idempotency_key": "c2", "actual": {"unit": "USD_MICROCENTS", "amount": 1}}),
-        ),
-        (&done_id, "release", json!({"idempotency_key": "r2"})),
-        (
-            &open_id,
-            "extend",
-            json!({"idempotency_key": "x2", "extend_by_ms": 1000}),
-        ),
-    ] {
-        s.post(&format!("/v1/reservations/{id}/{op}"), As::Key(&key), body)
-            .await
-            .expect(409, Some("TENANT_CLOSED"));
-    }
-    let mut event2 = event.clone();
-    event2["idempotency_key"] = json!("e2");
-    s.post("/v1/events", As::Key(&key), event2)
-        .await
-        .expect(409, Some("TENANT_CLOSED"));
-    // Evaluations: 200 DENY TENANT_CLOSED, never 409.
-    let mut dry = reserve_body("dry", subject(), 1);
-    dry["dry_run"] = json!(true);
-    let d = s.post("/v1/reservations", As::Key(&key), dry).await;
-    let db = d.expect(200, None);
-    assert_eq!(
-        (db["decision"].as_str(), db["reason_code"].as_str()),
-        (Some("DENY"), Some("TENANT_CLOSED"))
+    // The close revoked the tenant's keys in the same step: every request with one is 401,
+    // fresh or a replay of a pre-close success, mutation, evaluation or read.
+    let revoked = |r: &crate::common::Resp| {
+        r.expect(401, Some("UNAUTHORIZED"));
+        assert!(
+            r.body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("revoked"),
+            "{}",
+            r.body
+        );
+    };
+    revoked(
+        &s.post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body("new", subject(), 1),
+        )
+        .await,
     );
-    assert!(db.get("reservation_id").is_none() && db.get("expires_at_ms").is_none());
-    let decide = json!({
-        "idempotency_key": "d1", "subject": subject(),
-        "action": {"kind": "k", "name": "n"}, "estimate": {"unit": "USD_MICROCENTS", "amount": 1}
-    });
-    let dd = s.post("/v1/decide", As::Key(&key), decide).await;
-    assert_eq!(dd.expect(200, None)["reason_code"], "TENANT_CLOSED");
-    // Replays of pre-close successes return the original responses.
-    let replay = s
-        .post(
+    revoked(
+        &s.post(
             "/v1/reservations",
             As::Key(&key),
             reserve_body("open", subject(), 100),
         )
-        .await;
-    let rb = replay.expect(200, None);
-    assert_eq!(rb["reservation_id"], open_body["reservation_id"]);
-    assert_eq!(rb["remaining_ttl_ms"], 0, "no longer ACTIVE");
-    let c = s
-        .post(
+        .await,
+    );
+    revoked(
+        &s.post(
             &format!("/v1/reservations/{done_id}/commit"),
             As::Key(&key),
             commit_body,
         )
+        .await,
+    );
+    revoked(&s.post("/v1/events", As::Key(&key), event).await);
+    let mut dry = reserve_body("dry", subject(), 1);
+    dry["dry_run"] = json!(true);
+    revoked(&s.post("/v1/reservations", As::Key(&key), dry).await);
+    revoked(
+        &s.get(&format!("/v1/reservations/{open_id}"), As::Key(&key))
+            .await,
+    );
+    revoked(&s.get("/v1/balances?tenant=acme", As::Key(&key)).await);
+    // The admin key still reads the closed tenant's objects (post-mortem), and the guard
+    // refuses its mutations with TENANT_CLOSED, beating the reservation's own state.
+    let got = s
+        .get(&format!("/v1/reservations/{open_id}"), As::Admin)
         .await;
-    assert_eq!(c.expect(200, None), &committed);
-    let e = s.post("/v1/events", As::Key(&key), event).await;
-    assert_eq!(e.expect(201, None), &event_body);
-    // Reads stay available.
-    s.get("/v1/reservations", As::Key(&key))
+    assert_eq!(got.expect(200, None)["status"], "RELEASED");
+    s.get("/v1/reservations?tenant=acme", As::Admin)
         .await
         .expect(200, None);
-    s.get("/v1/balances?tenant=acme", As::Key(&key))
+    for id in [&open_id, &done_id] {
+        s.post(
+            &format!("/v1/reservations/{id}/release"),
+            As::Admin,
+            json!({"idempotency_key": "admin-r"}),
+        )
         .await
-        .expect(200, None);
+        .expect(409, Some("TENANT_CLOSED"));
+    }
     s.stop().await;
 }
 

@@ -227,6 +227,25 @@ impl TestServer {
         }
     }
 
+    /// A GET with one header set by hand (e.g. a wrong admin key).
+    pub async fn http_get_with(&self, path: &str, header: &str, value: &str) -> Resp {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header(header, value)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        Resp {
+            status,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        }
+    }
+
     pub async fn post(&self, path: &str, who: As<'_>, body: Value) -> Resp {
         self.send(reqwest::Method::POST, path, who, Some(&body))
             .await

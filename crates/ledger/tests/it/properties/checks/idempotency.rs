@@ -71,10 +71,12 @@ impl Replays {
             }
             Err(e) => {
                 if let Some(prior) = live {
-                    // Only a request naming an unknown budget is refused before its key is
-                    // looked at; anything else must replay or report the mismatch.
-                    let early = matches!(e, Rejection::BudgetNotFound(_))
-                        && prior.fingerprint != idem.fingerprint;
+                    // Only a request naming an unknown budget, or a caller whose key was
+                    // revoked (by its tenant's close), is refused before its key is looked
+                    // at; anything else must replay or report the mismatch.
+                    let early = (matches!(e, Rejection::BudgetNotFound(_))
+                        && prior.fingerprint != idem.fingerprint)
+                        || matches!(e, Rejection::Unauthorized(m) if m.contains("revoked"));
                     prop_assert!(
                         early,
                         "live key {:?} neither replayed nor mismatched: {:?} -> {:?}",

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use crate::properties::model::{Command, Outcome};
 use ledger::{
-    BudgetStatus, Decision, Rejection, Reservation, ReservationStatus, TenantStatus,
+    ApiKeyStatus, BudgetStatus, Decision, Rejection, Reservation, ReservationStatus, TenantStatus,
     TERMINAL_RETENTION_MS,
 };
 use proptest::prelude::*;
@@ -421,6 +421,13 @@ fn check_tenant_close(step: &Step) -> Result<(), TestCaseError> {
             .filter(|b| &*b.tenant_id == tenant_id.as_str())
             .all(|b| b.status == BudgetStatus::Closed && b.reserved == 0),
         "a budget stayed open, or kept a hold, after its tenant closed"
+    );
+    prop_assert!(
+        step.after
+            .api_keys()
+            .filter(|k| &*k.tenant_id == tenant_id.as_str())
+            .all(|k| k.effective_status(step.now) != ApiKeyStatus::Active),
+        "an API key stayed usable after its tenant closed"
     );
     Ok(())
 }

@@ -1,0 +1,728 @@
+//! The governance plane over HTTP (admin spec §2.1, §2.4, §3.8): credentials
+//! (`/v1/auth/introspect`, `/v1/auth/validate`), tenant and API key lists with their filters,
+//! orders and cursors, key updates, and the tenant close that revokes keys.
+
+use std::collections::BTreeSet;
+
+use crate::common::{As, Engine, Resp, TestServer};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+engine_tests!(
+    introspect_describes_each_credential,
+    validate_reports_why_a_key_is_unusable,
+    tenants_are_listed_filtered_sorted_and_paged,
+    tenant_list_refuses_bad_parameters,
+    api_keys_are_listed_filtered_and_sorted,
+    api_keys_are_updated_while_active,
+    closing_a_tenant_revokes_its_keys,
+);
+
+const DAY_MS: i64 = 86_400_000;
+
+/// A key for `tenant` created with `body`'s extra fields; returns `(secret, key_id)`.
+async fn key_with(s: &TestServer, tenant: &str, extra: Value) -> (String, String) {
+    let mut body = json!({"tenant_id": tenant, "name": format!("{tenant}-key")});
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            body[k] = v;
+        }
+    }
+    let r = s.post("/v1/admin/api-keys", As::Admin, body).await;
+    let k = r.expect(201, None);
+    (
+        k["key_secret"].as_str().expect("secret").to_string(),
+        k["key_id"].as_str().expect("key_id").to_string(),
+    )
+}
+
+async fn patch(s: &TestServer, path: &str, body: Value) -> Resp {
+    s.send(Method::PATCH, path, As::Admin, Some(&body)).await
+}
+
+fn ids(body: &Value, list: &str, field: &str) -> Vec<String> {
+    body[list]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list} in {body}"))
+        .iter()
+        .map(|row| row[field].as_str().expect("id").to_string())
+        .collect()
+}
+
+/// Every page of `path` (which has a query already), following `next_cursor`.
+async fn walk(s: &TestServer, path: &str, list: &str, field: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let url = match &cursor {
+            Some(c) => format!("{path}&cursor={c}"),
+            None => path.to_string(),
+        };
+        let r = s.get(&url, As::Admin).await;
+        let body = r.expect(200, None);
+        seen.extend(ids(body, list, field));
+        if body["has_more"] != json!(true) {
+            assert!(body.get("next_cursor").is_none(), "{body}");
+            return seen;
+        }
+        cursor = Some(
+            body["next_cursor"]
+                .as_str()
+                .expect("next_cursor")
+                .to_string(),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Credentials
+
+/// The admin key: `admin`, `["*"]`, every capability, no tenant. A tenant key: its
+/// permissions, tenant, scope filter (only when set) and the capabilities the spec's table
+/// derives, never the operator-only ones. No key, a wrong admin key or a revoked key: 401,
+/// and a wrong admin key's message does not point at the tenant-key header (the dashboard
+/// reads that as "wrong endpoint" and keeps a dead session).
+async fn introspect_describes_each_credential(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let r = s.get("/v1/auth/introspect", As::Admin).await;
+    let admin = r.expect(200, None);
+    assert_eq!(admin["authenticated"], true);
+    assert_eq!(admin["auth_type"], "admin");
+    assert_eq!(admin["permissions"], json!(["*"]));
+    assert!(admin.get("tenant_id").is_none() && admin.get("scope_filter").is_none());
+    let caps = admin["capabilities"].as_object().expect("capabilities");
+    assert_eq!(caps.len(), 15, "{caps:?}");
+    assert!(caps.values().all(|v| v == true), "{caps:?}");
+
+    s.tenant("acme").await;
+    let (secret, key_id) = key_with(&s, "acme", json!({})).await;
+    let r = s.get("/v1/auth/introspect", As::Key(&secret)).await;
+    let tenant = r.expect(200, None);
+    assert_eq!(tenant["auth_type"], "tenant");
+    assert_eq!(tenant["tenant_id"], "acme");
+    assert!(tenant.get("scope_filter").is_none(), "{tenant}");
+    assert_eq!(
+        tenant["permissions"].as_array().expect("permissions").len(),
+        10
+    );
+    let c = &tenant["capabilities"];
+    for (flag, expected) in [
+        ("view_budgets", true),
+        ("manage_budgets", true),
+        ("view_policies", true),
+        ("manage_policies", true),
+        ("view_reservations", true),
+        ("manage_reservations", true),
+        ("view_events", false),
+        ("view_webhooks", false),
+        ("manage_webhooks", false),
+        ("view_overview", false),
+        ("view_tenants", false),
+        ("view_api_keys", false),
+        ("view_audit", false),
+        ("manage_tenants", false),
+        ("manage_api_keys", false),
+    ] {
+        assert_eq!(c[flag], expected, "{flag}: {c}");
+    }
+
+    let (narrow, _) = key_with(
+        &s,
+        "acme",
+        json!({"permissions": ["admin:read", "admin:tenants:write"],
+               "scope_filter": ["workspace:eng"]}),
+    )
+    .await;
+    let r = s.get("/v1/auth/introspect", As::Key(&narrow)).await;
+    let n = r.expect(200, None);
+    assert_eq!(n["scope_filter"], json!(["workspace:eng"]));
+    let c = &n["capabilities"];
+    assert_eq!(
+        (
+            &c["view_budgets"],
+            &c["view_events"],
+            &c["manage_budgets"],
+            &c["manage_tenants"]
+        ),
+        (&json!(true), &json!(true), &json!(false), &json!(false)),
+        "{c}"
+    );
+
+    s.get("/v1/auth/introspect", As::Nobody)
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+    let wrong = s
+        .http_get_with(
+            "/v1/auth/introspect",
+            "X-Admin-API-Key",
+            "not-the-admin-key",
+        )
+        .await;
+    wrong.expect(401, Some("UNAUTHORIZED"));
+    let text = format!("{}", wrong.body).to_lowercase();
+    assert!(!text.contains("cycles-api-key"), "{text}");
+    s.send(
+        Method::DELETE,
+        &format!("/v1/admin/api-keys/{key_id}"),
+        As::Admin,
+        None,
+    )
+    .await
+    .expect(200, None);
+    s.get("/v1/auth/introspect", As::Key(&secret))
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+    s.stop().await;
+}
+
+/// `POST /v1/auth/validate` answers 200 for every well-formed request: valid with the key's
+/// tenant, id, permissions and expiry; otherwise the reason, in the spec's order of checks.
+/// Admin only; a malformed body is 400.
+async fn validate_reports_why_a_key_is_unusable(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("acme").await;
+    let validate = |secret: &str| json!({"key_secret": secret});
+    let (good, good_id) = key_with(&s, "acme", json!({"scope_filter": ["agent:*"]})).await;
+    let r = s
+        .post("/v1/auth/validate", As::Admin, validate(&good))
+        .await;
+    let v = r.expect(200, None);
+    assert_eq!(
+        (&v["valid"], &v["tenant_id"]),
+        (&json!(true), &json!("acme"))
+    );
+    assert_eq!(v["key_id"], json!(good_id));
+    assert_eq!(v["scope_filter"], json!(["agent:*"]));
+    assert!(
+        v["expires_at"].is_string() && v.get("reason").is_none(),
+        "{v}"
+    );
+
+    let r = s
+        .post("/v1/auth/validate", As::Admin, validate("cyc_live_nope"))
+        .await;
+    let v = r.expect(200, None);
+    assert_eq!(
+        (&v["valid"], &v["tenant_id"], &v["reason"]),
+        (&json!(false), &json!(""), &json!("KEY_NOT_FOUND"))
+    );
+
+    let (revoked, revoked_id) = key_with(&s, "acme", json!({})).await;
+    let path = format!("/v1/admin/api-keys/{revoked_id}");
+    s.send(Method::DELETE, &path, As::Admin, None)
+        .await
+        .expect(200, None);
+    let r = s
+        .post("/v1/auth/validate", As::Admin, validate(&revoked))
+        .await;
+    assert_eq!(r.expect(200, None)["reason"], "KEY_REVOKED");
+
+    let soon = "2030-01-01T00:00:01Z";
+    let (short, _) = key_with(&s, "acme", json!({"expires_at": soon})).await;
+    patch(&s, "/v1/admin/tenants/acme", json!({"status": "SUSPENDED"}))
+        .await
+        .expect(200, None);
+    let r = s
+        .post("/v1/auth/validate", As::Admin, validate(&good))
+        .await;
+    let v = r.expect(200, None);
+    assert_eq!(
+        (&v["valid"], &v["reason"]),
+        (&json!(false), &json!("TENANT_SUSPENDED"))
+    );
+    assert_eq!(v["tenant_id"], "acme");
+    s.advance(10 * 365 * DAY_MS);
+    let r = s
+        .post("/v1/auth/validate", As::Admin, validate(&short))
+        .await;
+    assert_eq!(r.expect(200, None)["reason"], "KEY_EXPIRED");
+
+    s.post("/v1/auth/validate", As::Key(&good), validate(&good))
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+    s.post("/v1/auth/validate", As::Admin, json!({}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    s.post(
+        "/v1/auth/validate",
+        As::Admin,
+        json!({"key_secret": good, "x": 1}),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
+    s.post("/v1/auth/validate", As::Admin, json!({"key_secret": ""}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    s.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tenants
+
+/// Seven tenants created a second apart: two children of `acme`, one suspended, one closed.
+async fn seven_tenants(s: &TestServer) {
+    for (id, name, parent) in [
+        ("acme", "Acme Corp", None),
+        ("beta", "beta labs", None),
+        ("acme-eu", "Acme Europe", Some("acme")),
+        ("gamma", "Gamma", None),
+        ("acme-us", "ACME US", Some("acme")),
+        ("delta", "Delta", None),
+        ("omega", "Omega", None),
+    ] {
+        let mut body = json!({"tenant_id": id, "name": name});
+        if let Some(p) = parent {
+            body["parent_tenant_id"] = json!(p);
+        }
+        s.tenant_with(body).await;
+        s.advance(1_000);
+    }
+    patch(s, "/v1/admin/tenants/gamma", json!({"status": "SUSPENDED"}))
+        .await
+        .expect(200, None);
+    patch(s, "/v1/admin/tenants/delta", json!({"status": "CLOSED"}))
+        .await
+        .expect(200, None);
+}
+
+/// listTenants: newest first by default; each filter (status, parent, search over id and name,
+/// case-insensitive) and sort field in both directions; every page walk visits each matching
+/// tenant once, in order, at any page size; `limit` above 100 is clamped, not refused.
+async fn tenants_are_listed_filtered_sorted_and_paged(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    seven_tenants(&s).await;
+    let all = |q: &str| format!("/v1/admin/tenants?{q}");
+    let newest_first = [
+        "omega", "delta", "acme-us", "gamma", "acme-eu", "beta", "acme",
+    ];
+    let r = s.get("/v1/admin/tenants", As::Admin).await;
+    let body = r.expect(200, None);
+    assert_eq!(ids(body, "tenants", "tenant_id"), newest_first);
+    assert_eq!(body["has_more"], false);
+    assert!(body["tenants"][0]["name"].is_string() && body["tenants"][0]["created_at"].is_string());
+
+    for limit in [1, 2, 3, 7] {
+        let walked = walk(&s, &all(&format!("limit={limit}")), "tenants", "tenant_id").await;
+        assert_eq!(walked, newest_first, "limit={limit}");
+    }
+    let by_name = walk(
+        &s,
+        &all("sort_by=name&sort_dir=asc&limit=2"),
+        "tenants",
+        "tenant_id",
+    )
+    .await;
+    assert_eq!(
+        by_name,
+        ["acme-us", "acme", "acme-eu", "delta", "gamma", "omega", "beta"],
+        "names in byte order: upper case first"
+    );
+    let by_id_desc = walk(
+        &s,
+        &all("sort_by=tenant_id&limit=3"),
+        "tenants",
+        "tenant_id",
+    )
+    .await;
+    let mut expected: Vec<&str> = newest_first.to_vec();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(by_id_desc, expected);
+    let by_status = walk(
+        &s,
+        &all("sort_by=status&sort_dir=asc&limit=2"),
+        "tenants",
+        "tenant_id",
+    )
+    .await;
+    assert_eq!(
+        by_status,
+        ["acme", "acme-eu", "acme-us", "beta", "omega", "gamma", "delta"]
+    );
+
+    let get = |q: String| {
+        let s = &s;
+        async move {
+            ids(
+                s.get(&all(&q), As::Admin).await.expect(200, None),
+                "tenants",
+                "tenant_id",
+            )
+        }
+    };
+    assert_eq!(get("status=SUSPENDED".into()).await, ["gamma"]);
+    assert_eq!(get("status=CLOSED".into()).await, ["delta"]);
+    assert_eq!(
+        get("parent_tenant_id=acme".into()).await,
+        ["acme-us", "acme-eu"]
+    );
+    assert_eq!(
+        get("search=ACME".into()).await,
+        ["acme-us", "acme-eu", "acme"]
+    );
+    assert_eq!(
+        get("search=labs".into()).await,
+        ["beta"],
+        "the name is searched"
+    );
+    assert_eq!(
+        get("search=%20eu%20".into()).await,
+        ["acme-eu"],
+        "the term is trimmed"
+    );
+    assert_eq!(
+        get("search=".into()).await,
+        newest_first,
+        "empty search is no search"
+    );
+    assert_eq!(
+        get("search=acme&status=ACTIVE&parent_tenant_id=acme".into()).await,
+        ["acme-us", "acme-eu"]
+    );
+    assert_eq!(get("search=zzz".into()).await, Vec::<String>::new());
+    assert_eq!(
+        get("limit=1000".into()).await,
+        newest_first,
+        "clamped, not refused"
+    );
+    s.stop().await;
+}
+
+/// Bad parameters are 400 naming the parameter and change nothing; a tenant key is 401.
+async fn tenant_list_refuses_bad_parameters(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    seven_tenants(&s).await;
+    let first = s.get("/v1/admin/tenants?limit=2", As::Admin).await;
+    let cursor = first.expect(200, None)["next_cursor"]
+        .as_str()
+        .expect("cursor")
+        .to_string();
+    for (query, names) in [
+        ("status=active", "status"),
+        ("sort_by=updated_at", "sort_by"),
+        ("sort_dir=up", "sort_dir"),
+        ("limit=0", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=ten", "limit"),
+        ("limit=1&limit=2", "limit"),
+        ("parent_tenant_id=", "parent_tenant_id"),
+        ("cursor=zz", "cursor"),
+        ("cursor=", "cursor"),
+    ] {
+        let r = s
+            .get(&format!("/v1/admin/tenants?{query}"), As::Admin)
+            .await;
+        r.expect(400, Some("INVALID_REQUEST"));
+        let message = r.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{query}: {message}");
+    }
+    let long = "x".repeat(129);
+    let r = s
+        .get(&format!("/v1/admin/tenants?search={long}"), As::Admin)
+        .await;
+    r.expect(400, Some("INVALID_REQUEST"));
+    for other in [
+        "limit=2&sort_by=name",
+        "limit=2&sort_dir=asc",
+        "limit=2&status=ACTIVE",
+    ] {
+        let r = s
+            .get(
+                &format!("/v1/admin/tenants?{other}&cursor={cursor}"),
+                As::Admin,
+            )
+            .await;
+        r.expect(400, Some("INVALID_REQUEST"));
+        assert!(
+            r.body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("cursor"),
+            "{}",
+            r.body
+        );
+    }
+    let r = s
+        .get(
+            &format!("/v1/admin/tenants?limit=2&cursor={cursor}"),
+            As::Admin,
+        )
+        .await;
+    assert_eq!(
+        ids(r.expect(200, None), "tenants", "tenant_id"),
+        ["acme-us", "gamma"]
+    );
+
+    let key = s.key("acme").await;
+    s.get("/v1/admin/tenants", As::Key(&key))
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+    s.get("/v1/admin/tenants?limit=zero", As::Nobody)
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+    s.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// API keys
+
+/// listApiKeys: every tenant's keys or one tenant's; status as of now (EXPIRED once past
+/// `expires_at`), search over key id and name, each sort; never a secret.
+async fn api_keys_are_listed_filtered_and_sorted(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("acme").await;
+    s.tenant("beta").await;
+    let mut made = Vec::new();
+    for (tenant, name, expires) in [
+        ("acme", "deploy bot", None),
+        ("beta", "Billing", None),
+        ("acme", "CI runner", Some("2027-02-01T00:00:00Z")),
+        ("beta", "analytics", None),
+    ] {
+        let mut extra = json!({"name": name});
+        if let Some(at) = expires {
+            extra["expires_at"] = json!(at);
+        }
+        made.push(key_with(&s, tenant, extra).await.1);
+        s.advance(1_000);
+    }
+    let path = format!("/v1/admin/api-keys/{}", made[1]);
+    s.send(Method::DELETE, &path, As::Admin, None)
+        .await
+        .expect(200, None);
+
+    let list = |q: &str| format!("/v1/admin/api-keys?{q}");
+    let r = s.get("/v1/admin/api-keys", As::Admin).await;
+    let body = r.expect(200, None).clone();
+    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+    assert_eq!(ids(&body, "keys", "key_id"), newest_first);
+    for key in body["keys"].as_array().expect("keys") {
+        assert!(
+            key.get("key_secret").is_none() && key.get("digest").is_none(),
+            "{key}"
+        );
+        assert!(
+            key["permissions"].is_array() && key["key_prefix"].is_string(),
+            "{key}"
+        );
+    }
+    let acme = walk(&s, &list("tenant_id=acme&limit=1"), "keys", "key_id").await;
+    assert_eq!(acme, [made[2].clone(), made[0].clone()]);
+    let get = |q: String| {
+        let s = &s;
+        async move {
+            ids(
+                s.get(&list(&q), As::Admin).await.expect(200, None),
+                "keys",
+                "key_id",
+            )
+        }
+    };
+    assert_eq!(get("status=REVOKED".into()).await, [made[1].clone()]);
+    assert_eq!(get("search=BILL".into()).await, [made[1].clone()]);
+    assert_eq!(
+        get("search=KEY_".into()).await.len(),
+        4,
+        "every key id starts key_"
+    );
+    assert_eq!(get(format!("search={}", made[3])).await, [made[3].clone()]);
+    let by_name = walk(
+        &s,
+        &list("sort_by=name&sort_dir=asc&limit=3"),
+        "keys",
+        "key_id",
+    )
+    .await;
+    assert_eq!(
+        by_name,
+        [
+            made[1].clone(),
+            made[2].clone(),
+            made[3].clone(),
+            made[0].clone()
+        ]
+    );
+    let by_tenant = get("sort_by=tenant_id&sort_dir=asc".into()).await;
+    let mut expected = vec![made[0].clone(), made[2].clone()];
+    expected.sort();
+    let mut beta = vec![made[1].clone(), made[3].clone()];
+    beta.sort();
+    expected.extend(beta);
+    assert_eq!(by_tenant, expected, "tenant, then key id");
+    let by_expiry = get("sort_by=expires_at&sort_dir=asc".into()).await;
+    assert_eq!(by_expiry[0], made[2], "the February key expires first");
+
+    s.advance(10 * 365 * DAY_MS);
+    assert_eq!(
+        get("status=EXPIRED".into()).await.len(),
+        3,
+        "every unrevoked key lapsed"
+    );
+    let r = s.get(&list("status=EXPIRED&limit=1"), As::Admin).await;
+    assert_eq!(r.expect(200, None)["keys"][0]["status"], "EXPIRED");
+    for bad in ["status=LIVE", "sort_by=secret", "limit=0", "tenant_id="] {
+        s.get(&list(bad), As::Admin)
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
+    s.stop().await;
+}
+
+/// updateApiKey changes only the fields present, replaces permissions and the scope filter
+/// whole, and the new permissions are what the key is then checked against. Unknown fields,
+/// unknown permissions and immutable fields are 400; an unknown key 404; a revoked key 409;
+/// a closed tenant's key 409 TENANT_CLOSED; none of them changes the key.
+async fn api_keys_are_updated_while_active(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let secret = s.setup("acme", 1_000).await;
+    let list = s.get("/v1/admin/api-keys?tenant_id=acme", As::Admin).await;
+    let key_id = list.expect(200, None)["keys"][0]["key_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let path = format!("/v1/admin/api-keys/{key_id}");
+    let budgets = "/v1/admin/budgets";
+    s.get(budgets, As::Key(&secret)).await.expect(200, None);
+
+    let r = patch(
+        &s,
+        &path,
+        json!({"name": "renamed", "permissions": ["balances:read", "balances:read"],
+               "scope_filter": ["agent:*"], "metadata": {"team": "infra"}}),
+    )
+    .await;
+    let k = r.expect(200, None).clone();
+    assert_eq!(k["name"], "renamed");
+    assert_eq!(k["permissions"], json!(["balances:read"]));
+    assert_eq!(k["scope_filter"], json!(["agent:*"]));
+    assert_eq!(k["metadata"], json!({"team": "infra"}));
+    assert_eq!(k["status"], "ACTIVE");
+    s.get(budgets, As::Key(&secret))
+        .await
+        .expect(403, Some("INSUFFICIENT_PERMISSIONS"));
+    let r = patch(&s, &path, json!({"description": "for dashboards"})).await;
+    let k2 = r.expect(200, None);
+    assert_eq!(
+        (&k2["name"], &k2["description"]),
+        (&json!("renamed"), &json!("for dashboards"))
+    );
+    assert_eq!(
+        k2["permissions"],
+        json!(["balances:read"]),
+        "absent fields stay"
+    );
+
+    for body in [
+        json!({"permissions": ["root"]}),
+        json!({"tenant_id": "beta"}),
+        json!({"expires_at": "2031-01-01T00:00:00Z"}),
+        json!({"status": "REVOKED"}),
+        json!({"name": ""}),
+        json!({"name": 5}),
+        json!({"scope_filter": "agent:*"}),
+    ] {
+        patch(&s, &path, body.clone())
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
+    let unchanged = s.get("/v1/admin/api-keys?tenant_id=acme", As::Admin).await;
+    let u = &unchanged.expect(200, None)["keys"][0];
+    assert_eq!(
+        (&u["name"], &u["permissions"]),
+        (&json!("renamed"), &json!(["balances:read"]))
+    );
+    patch(&s, "/v1/admin/api-keys/key_unknown", json!({"name": "x"}))
+        .await
+        .expect(404, Some("NOT_FOUND"));
+    let (_, other) = key_with(&s, "acme", json!({})).await;
+    let other_path = format!("/v1/admin/api-keys/{other}");
+    s.send(Method::DELETE, &other_path, As::Admin, None)
+        .await
+        .expect(200, None);
+    patch(&s, &other_path, json!({"name": "x"}))
+        .await
+        .expect(409, Some("KEY_REVOKED"));
+    s.send(
+        Method::PATCH,
+        &path,
+        As::Key(&secret),
+        Some(&json!({"name": "x"})),
+    )
+    .await
+    .expect(401, Some("UNAUTHORIZED"));
+    patch(&s, "/v1/admin/tenants/acme", json!({"status": "CLOSED"}))
+        .await
+        .expect(200, None);
+    patch(&s, &path, json!({"name": "after close"}))
+        .await
+        .expect(409, Some("TENANT_CLOSED"));
+    s.stop().await;
+}
+
+/// Closing a tenant revokes each of its ACTIVE keys in the same step (reason
+/// `tenant_closed`); the keys stop authenticating at once; other tenants' keys are untouched;
+/// an expired key keeps its EXPIRED record.
+async fn closing_a_tenant_revokes_its_keys(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let acme = s.setup("acme", 1_000).await;
+    let (second, _) = key_with(&s, "acme", json!({})).await;
+    let (lapsing, lapsing_id) =
+        key_with(&s, "acme", json!({"expires_at": "2027-01-20T00:00:00Z"})).await;
+    let beta = s.setup("beta", 1_000).await;
+    s.get("/v1/balances?tenant=acme", As::Key(&acme))
+        .await
+        .expect(200, None);
+    s.advance(10 * DAY_MS);
+    s.get("/v1/balances?tenant=acme", As::Key(&lapsing))
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+
+    patch(&s, "/v1/admin/tenants/acme", json!({"status": "CLOSED"}))
+        .await
+        .expect(200, None);
+    let r = s.get("/v1/admin/api-keys?tenant_id=acme", As::Admin).await;
+    let keys = r.expect(200, None)["keys"]
+        .as_array()
+        .expect("keys")
+        .clone();
+    assert_eq!(keys.len(), 3);
+    for k in &keys {
+        if k["key_id"] == json!(lapsing_id) {
+            assert_eq!(k["status"], "EXPIRED", "{k}");
+            assert!(k.get("revoked_at").is_none(), "{k}");
+        } else {
+            assert_eq!(
+                (&k["status"], &k["revoked_reason"]),
+                (&json!("REVOKED"), &json!("tenant_closed")),
+                "{k}"
+            );
+            assert!(k["revoked_at"].is_string(), "{k}");
+        }
+    }
+    for secret in [&acme, &second] {
+        s.get("/v1/balances?tenant=acme", As::Key(secret))
+            .await
+            .expect(401, Some("UNAUTHORIZED"));
+    }
+    s.get("/v1/balances?tenant=beta", As::Key(&beta))
+        .await
+        .expect(200, None);
+    let r = s
+        .get("/v1/admin/api-keys?tenant_id=beta&status=ACTIVE", As::Admin)
+        .await;
+    assert_eq!(
+        r.expect(200, None)["keys"].as_array().map(Vec::len),
+        Some(1)
+    );
+    let statuses: BTreeSet<String> = keys
+        .iter()
+        .map(|k| k["status"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["EXPIRED", "REVOKED"]
+            .map(String::from)
+            .into_iter()
+            .collect()
+    );
+    s.stop().await;
+}
