@@ -1,25 +1,26 @@
 //! Budgets and their funding (admin plane).
 
-use crate::WireName;
 use std::borrow::Cow;
 
 use ledger::{
-    Budget, BudgetListQuery, BudgetStatus, FundResult, FundingOp, Idempotency, RolloverPolicy, Unit,
+    Actor, Budget, BudgetListQuery, BudgetOrder, BudgetSort, BudgetStatus, FundResult, FundingOp,
+    Idempotency, ListBudgets, RolloverPolicy, SortedPage, Unit, Window,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{metadata_text, Metadata};
-use crate::query::PageSize;
+use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
 use crate::schema::{
-    BudgetStatus as BudgetStatusSchema, FundingOperation, RolloverPolicy as RolloverSchema,
-    SignedAmount,
+    BudgetSortBy, BudgetStatus as BudgetStatusSchema, FundingOperation,
+    RolloverPolicy as RolloverSchema, SignedAmount, SortDirection,
 };
 use crate::tenant::check_tenant_id;
 use crate::validate::{idempotency_key, len_between, max_len, parse_enum, timestamp};
 use crate::{
-    decode_budget_cursor, fingerprint, format_rfc3339, parse_rfc3339, Amount, ApiError, ErrorCode,
-    Validate, WirePolicy, WireUnit,
+    decode_budget_cursor, encode_budget_cursor, fingerprint, format_rfc3339, parse_rfc3339,
+    parse_wire, Amount, ApiError, ClampedLimit, ErrorCode, Search, Validate, WireName, WirePolicy,
+    WireUnit,
 };
 
 fn same_unit(field: &str, amount: &Amount, unit: WireUnit) -> Result<(), ApiError> {
@@ -380,12 +381,36 @@ impl From<Budget> for BudgetLedger {
 
 /// `BudgetListResponse`.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(description = "A page of budgets, in (scope, unit) order.")]
+#[schema(description = "A page of budgets.")]
 pub struct BudgetListResponse {
     pub ledgers: Vec<BudgetLedger>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
     pub has_more: bool,
+}
+
+impl BudgetListResponse {
+    pub fn new(list: &BudgetList, page: SortedPage<Budget>) -> Self {
+        let next_cursor = match &list.binding {
+            _ if !page.page.has_more => None,
+            Some(binding) => page.last.map(|p| encode_sorted_cursor(binding, p)),
+            None => page
+                .page
+                .items
+                .last()
+                .map(|b| encode_budget_cursor(&b.scope, b.unit)),
+        };
+        BudgetListResponse {
+            ledgers: page
+                .page
+                .items
+                .into_iter()
+                .map(BudgetLedger::from)
+                .collect(),
+            next_cursor,
+            has_more: page.page.has_more,
+        }
+    }
 }
 
 /// The query of `GET /v1/admin/budgets`.
@@ -400,38 +425,142 @@ pub struct BudgetListParams {
     pub unit: Option<WireUnit>,
     #[param(inline, value_type = Option<BudgetStatusSchema>)]
     pub status: Option<String>,
-    /// From the previous page's `next_cursor`.
+    /// Only budgets whose debt is above their overdraft limit (`true`), or not (`false`).
+    pub over_limit: Option<bool>,
+    /// Only budgets with debt (`true`), or without (`false`).
+    pub has_debt: Option<bool>,
+    /// Only budgets whose utilization (spent / allocated; 0 when nothing is allocated) is
+    /// at least this, between 0 and 1.
+    #[param(value_type = Option<f64>, minimum = 0, maximum = 1)]
+    pub utilization_min: Option<String>,
+    /// Only budgets whose utilization is at most this, between 0 and 1.
+    #[param(value_type = Option<f64>, minimum = 0, maximum = 1)]
+    pub utilization_max: Option<String>,
+    /// Case-insensitive substring of the tenant id or the scope, at most 128 characters;
+    /// empty means no search.
+    #[serde(default)]
+    #[param(value_type = Option<String>, max_length = 128)]
+    pub search: Search,
+    /// Without it, budgets come in (scope, unit) order. With it, in this field's order
+    /// (statuses in lifecycle order ACTIVE, FROZEN, CLOSED; overage policies by name), ties
+    /// by ledger id.
+    #[param(inline, value_type = Option<BudgetSortBy>)]
+    pub sort_by: Option<String>,
+    /// With `sort_by`; defaults to desc.
+    #[param(inline, value_type = Option<SortDirection>)]
+    pub sort_dir: Option<String>,
+    /// From the previous page's `next_cursor`; valid only with the same sort and filters.
     pub cursor: Option<String>,
-    /// Page size, 1–200; defaults to 50.
-    #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
-    pub limit: Option<PageSize>,
+    /// Page size, at least 1; defaults to 50, values above 100 are treated as 100.
+    #[param(value_type = Option<u32>, minimum = 1)]
+    pub limit: Option<ClampedLimit>,
+}
+
+/// A budget list as the protocol binds its cursors: sorted lists bind theirs to the order
+/// and filters; the (scope, unit) order's cursor is a position in the budget map.
+pub struct BudgetList {
+    pub operation: ListBudgets,
+    binding: Option<Binding<'static>>,
+}
+
+/// A utilization bound: a decimal in [0, 1], as parts per billion.
+fn utilization_bound(field: &str, value: &Option<String>) -> Result<Option<i64>, ApiError> {
+    let Some(text) = value else {
+        return Ok(None);
+    };
+    match text.parse::<f64>() {
+        Ok(u) if (0.0..=1.0).contains(&u) => Ok(Some((u * 1e9).round() as i64)),
+        _ => Err(ApiError::invalid(format!(
+            "{field}: must be a number between 0 and 1"
+        ))),
+    }
 }
 
 impl BudgetListParams {
-    pub fn into_query(self) -> Result<BudgetListQuery, ApiError> {
-        let status = match self.status.as_deref() {
-            None => None,
-            Some("ACTIVE") => Some(BudgetStatus::Active),
-            Some("FROZEN") => Some(BudgetStatus::Frozen),
-            Some("CLOSED") => Some(BudgetStatus::Closed),
-            Some(_) => {
+    pub fn into_list(self, actor: Actor) -> Result<BudgetList, ApiError> {
+        let status = self.status.as_deref().map(budget_status).transpose()?;
+        let min = utilization_bound("utilization_min", &self.utilization_min)?;
+        let max = utilization_bound("utilization_max", &self.utilization_max)?;
+        if let (Some(min), Some(max)) = (min, max) {
+            if min > max {
                 return Err(ApiError::invalid(
-                    "status: must be ACTIVE, FROZEN or CLOSED",
-                ))
+                    "utilization_min must not be above utilization_max",
+                ));
+            }
+        }
+        let sort_by = self
+            .sort_by
+            .as_deref()
+            .map(|s| parse_wire::<BudgetSort>("sort_by", s))
+            .transpose()?;
+        let descending = descending(self.sort_dir.as_deref())?;
+        let limit = self.limit.unwrap_or_default().0;
+        let filters = format!(
+            "{:?}|{:?}|{:?}|{status:?}|{:?}|{:?}|{min:?}|{max:?}|{:?}",
+            self.tenant_id,
+            self.scope_prefix,
+            self.unit,
+            self.over_limit,
+            self.has_debt,
+            self.search
+        );
+        let (order, binding) = match sort_by {
+            None => {
+                let after = self
+                    .cursor
+                    .as_deref()
+                    .map(decode_budget_cursor)
+                    .transpose()?;
+                (BudgetOrder::Address { after, limit }, None)
+            }
+            Some(sort_by) => {
+                let binding = Binding {
+                    sort_by: sort_by.wire_name(),
+                    descending,
+                    filters,
+                };
+                let text = matches!(sort_by, BudgetSort::TenantId | BudgetSort::Scope);
+                let after = self
+                    .cursor
+                    .as_deref()
+                    .map(|raw| decode_sorted_cursor(raw, &binding, text))
+                    .transpose()?;
+                let window = Window {
+                    descending,
+                    after,
+                    limit,
+                };
+                (BudgetOrder::Sorted { sort_by, window }, Some(binding))
             }
         };
-        Ok(BudgetListQuery {
-            tenant_id: self.tenant_id,
-            scope_prefix: self.scope_prefix,
-            unit: self.unit.map(Unit::from),
-            status,
-            limit: self.limit.unwrap_or_default().0,
-            after: self
-                .cursor
-                .as_deref()
-                .map(decode_budget_cursor)
-                .transpose()?,
+        Ok(BudgetList {
+            operation: ListBudgets {
+                actor,
+                query: BudgetListQuery {
+                    tenant_id: self.tenant_id,
+                    scope_prefix: self.scope_prefix,
+                    unit: self.unit.map(Unit::from),
+                    status,
+                    over_limit: self.over_limit,
+                    has_debt: self.has_debt,
+                    utilization_ppb: (min, max),
+                    search: self.search.0,
+                    order,
+                },
+            },
+            binding,
         })
+    }
+}
+
+fn budget_status(s: &str) -> Result<BudgetStatus, ApiError> {
+    match s {
+        "ACTIVE" => Ok(BudgetStatus::Active),
+        "FROZEN" => Ok(BudgetStatus::Frozen),
+        "CLOSED" => Ok(BudgetStatus::Closed),
+        _ => Err(ApiError::invalid(
+            "status: must be ACTIVE, FROZEN or CLOSED",
+        )),
     }
 }
 

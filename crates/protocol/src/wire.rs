@@ -9,8 +9,8 @@
 //! and the permission check matches the `:read` / `:write` suffixes of a permission's name.
 
 use ledger::{
-    ApiKeySort, ApiKeyStatus, Decision, ExpiryPolicy, FundingOp, PolicyStatus, RolloverPolicy,
-    SortBy, TenantSort, TenantStatus,
+    ApiKeySort, ApiKeyStatus, BudgetSort, Decision, ExpiryPolicy, FundingOp, PolicyStatus,
+    RolloverPolicy, SortBy, TenantSort, TenantStatus,
 };
 
 use crate::ApiError;
@@ -90,6 +90,15 @@ wire_names! {
         CreatedAt => "created_at_ms",
         ExpiresAt => "expires_at_ms",
     }
+    BudgetSort {
+        TenantId => "tenant_id",
+        Scope => "scope",
+        Unit => "unit",
+        Status => "status",
+        CommitOveragePolicy => "commit_overage_policy",
+        Utilization => "utilization",
+        Debt => "debt",
+    }
     TenantSort { TenantId => "tenant_id", Name => "name", Status => "status", CreatedAt => "created_at" }
     ApiKeySort {
         KeyId => "key_id",
@@ -136,6 +145,7 @@ mod tests {
         round_trips::<PolicyStatus>();
         round_trips::<SortBy>();
         round_trips::<TenantSort>();
+        round_trips::<BudgetSort>();
         round_trips::<ApiKeySort>();
     }
 }

@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use crate::{
     fund, scope_tenant, Balance, Budget, BudgetKey, BudgetStatus, Endpoint, FundResult, FundingOp,
-    IdemKey, Millis, OveragePolicy, Permission, Rejection, RolloverPolicy, Unit, SCOPE_LEVELS,
+    IdemKey, Millis, OveragePolicy, Permission, Position, Rejection, RolloverPolicy, SortValue,
+    Unit, SCOPE_LEVELS,
 };
 
+use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Idempotency, Idempotent, Page, Tx, DAY_MS};
 
 /// `POST /v1/admin/budgets`.
@@ -40,14 +42,95 @@ pub struct ListBudgets {
     pub query: BudgetListQuery,
 }
 
+/// The filters (all must hold) and the order of a budget list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetListQuery {
     pub tenant_id: Option<String>,
     pub scope_prefix: Option<String>,
     pub unit: Option<Unit>,
     pub status: Option<BudgetStatus>,
-    pub limit: usize,
-    pub after: Option<(String, Unit)>,
+    pub over_limit: Option<bool>,
+    /// `true`: debt above zero; `false`: no debt.
+    pub has_debt: Option<bool>,
+    /// Inclusive bounds on [`utilization_ppb`].
+    pub utilization_ppb: (Option<i64>, Option<i64>),
+    /// Lower-cased; matched against the tenant id and the scope.
+    pub search: Option<String>,
+    pub order: BudgetOrder,
+}
+
+/// How a budget list is ordered and where its page starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetOrder {
+    /// `(scope, unit)` ascending, read straight off the budget map: the order without
+    /// `sort_by`.
+    Address {
+        after: Option<(String, Unit)>,
+        limit: usize,
+    },
+    /// By one field, ties by ledger id.
+    Sorted { sort_by: BudgetSort, window: Window },
+}
+
+/// The fields a budget list can be sorted by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetSort {
+    TenantId,
+    Scope,
+    Unit,
+    /// In declaration order: ACTIVE, FROZEN, CLOSED.
+    Status,
+    /// By the policy's name, as the spec orders it: ALLOW_IF_AVAILABLE,
+    /// ALLOW_WITH_OVERDRAFT, REJECT; budgets that inherit their tenant's policy first.
+    CommitOveragePolicy,
+    Utilization,
+    Debt,
+}
+
+impl BudgetSort {
+    fn position(self, b: &Budget) -> Position {
+        let value = match self {
+            BudgetSort::TenantId => text(&b.tenant_id),
+            BudgetSort::Scope => text(&b.scope),
+            BudgetSort::Unit => SortValue::Int(b.unit as i64),
+            BudgetSort::Status => SortValue::Int(b.status as i64),
+            BudgetSort::CommitOveragePolicy => SortValue::Int(match b.commit_overage_policy {
+                None => 0,
+                Some(OveragePolicy::AllowIfAvailable) => 1,
+                Some(OveragePolicy::AllowWithOverdraft) => 2,
+                Some(OveragePolicy::Reject) => 3,
+            }),
+            BudgetSort::Utilization => SortValue::Int(utilization_ppb(b)),
+            BudgetSort::Debt => SortValue::Int(b.debt),
+        };
+        (value, b.ledger_id.to_string())
+    }
+}
+
+/// `spent / allocated` in parts per billion (0 when nothing is allocated); above a billion
+/// when spending ran past the allocation.
+pub fn utilization_ppb(b: &Budget) -> i64 {
+    if b.allocated <= 0 {
+        return 0;
+    }
+    let ppb = i128::from(b.spent.max(0)) * 1_000_000_000 / i128::from(b.allocated);
+    i64::try_from(ppb).unwrap_or(i64::MAX)
+}
+
+impl BudgetListQuery {
+    fn admits(&self, b: &Budget, tenant: Option<&str>, prefix: Option<&str>) -> bool {
+        let (min, max) = self.utilization_ppb;
+        let utilization = utilization_ppb(b);
+        tenant.is_none_or(|t| *b.tenant_id == *t)
+            && prefix.is_none_or(|p| b.scope.starts_with(p))
+            && self.unit.is_none_or(|u| b.unit == u)
+            && self.status.is_none_or(|s| b.status == s)
+            && self.over_limit.is_none_or(|o| b.is_over_limit == o)
+            && self.has_debt.is_none_or(|d| (b.debt > 0) == d)
+            && min.is_none_or(|m| utilization >= m)
+            && max.is_none_or(|m| utilization <= m)
+            && matches_search(self.search.as_deref(), &[&b.tenant_id, &b.scope])
+    }
 }
 
 /// `GET /v1/admin/budgets/lookup`: one budget by exact `(scope, unit)`.
@@ -104,7 +187,7 @@ pub struct SetBudgetFrozen {
 }
 
 operation!(CreateBudget => Budget, create_budget);
-operation!(ListBudgets => Page<Budget>, list_budgets);
+operation!(ListBudgets => SortedPage<Budget>, list_budgets);
 operation!(LookupBudget => Budget, lookup_budget);
 operation!(FundBudget => Idempotent<FundResult>, fund_budget);
 operation!(UpdateBudget => Budget, update_budget);
@@ -152,35 +235,35 @@ impl Tx<'_> {
         Ok(budget)
     }
 
-    fn list_budgets(&mut self, op: ListBudgets) -> Result<Page<Budget>, Rejection> {
+    fn list_budgets(&mut self, op: ListBudgets) -> Result<SortedPage<Budget>, Rejection> {
         let q = op.query;
         let tenant = match self.admin_or_tenant(&op.actor, Permission::BudgetsRead)? {
             Some(caller) => Some(caller.tenant_id.to_string()),
             None => q.tenant_id.clone(),
         };
-        let start = match q.after {
-            Some((scope, unit)) => Bound::Excluded(BudgetKey {
-                scope: scope.into(),
-                unit,
-            }),
-            None => Bound::Unbounded,
-        };
-        let prefix = q.scope_prefix.map(|p| p.to_lowercase());
-        let page = self
-            .state
-            .budgets
-            .range((start, Bound::Unbounded))
-            .map(|(_, b)| b)
-            .filter(|b| tenant.as_ref().is_none_or(|t| *b.tenant_id == **t))
-            .filter(|b| {
-                prefix
-                    .as_ref()
-                    .is_none_or(|p| b.scope.starts_with(p.as_str()))
-            })
-            .filter(|b| q.unit.is_none_or(|u| b.unit == u))
-            .filter(|b| q.status.is_none_or(|s| b.status == s))
-            .map(|b| (**b).clone());
-        Ok(Page::of(page, q.limit))
+        let prefix = q.scope_prefix.as_ref().map(|p| p.to_lowercase());
+        let admits = |b: &&Arc<Budget>| q.admits(b, tenant.as_deref(), prefix.as_deref());
+        let budgets = &self.state.budgets;
+        Ok(match &q.order {
+            BudgetOrder::Address { after, limit } => {
+                let start = match after {
+                    Some((scope, unit)) => Bound::Excluded(BudgetKey {
+                        scope: scope.as_str().into(),
+                        unit: *unit,
+                    }),
+                    None => Bound::Unbounded,
+                };
+                let rows = budgets.range((start, Bound::Unbounded)).map(|(_, b)| b);
+                SortedPage {
+                    page: Page::of(rows.filter(admits).map(|b| (**b).clone()), *limit),
+                    last: None,
+                }
+            }
+            BudgetOrder::Sorted { sort_by, window } => {
+                let rows = budgets.values().filter(admits);
+                sorted_page(rows, |b| sort_by.position(b), window).map(|b| (**b).clone())
+            }
+        })
     }
 
     /// A budget by exact `(scope, unit)`, visible to the admin or to its own tenant's keys.

@@ -29,8 +29,8 @@ pub use api_keys::{
 };
 pub use auth::{Actor, Authenticate, Principal};
 pub use budgets::{
-    BudgetListQuery, BudgetPatch, CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget,
-    NewBudget, SetBudgetFrozen, UpdateBudget,
+    utilization_ppb, BudgetListQuery, BudgetOrder, BudgetPatch, BudgetSort, CreateBudget,
+    FundBudget, Funding, ListBudgets, LookupBudget, NewBudget, SetBudgetFrozen, UpdateBudget,
 };
 pub use decide::Decide;
 pub use events::RecordEvent;

@@ -6,10 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
-use ledger::{
-    Budget, CreateBudget, FundBudget, ListBudgets, LookupBudget, SetBudgetFrozen, Unit,
-    UpdateBudget,
-};
+use ledger::{Budget, CreateBudget, FundBudget, LookupBudget, SetBudgetFrozen, Unit, UpdateBudget};
 use protocol::budget::{
     BudgetAddress, BudgetCreateRequest, BudgetFundingRequest, BudgetFundingResponse, BudgetLedger,
     BudgetListParams, BudgetListResponse, BudgetStatusTransitionRequest, BudgetUpdateRequest,
@@ -23,7 +20,7 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::ids;
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden, NotFound};
-use crate::reply::{budget_position, next_cursor, tenant_json, Answer};
+use crate::reply::{tenant_json, Answer};
 use crate::routes::body::{admin_body, optional_admin_body};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
@@ -74,8 +71,8 @@ pub async fn create_budget(
 #[utoipa::path(
     get, path = "/v1/admin/budgets", tag = "Budgets", operation_id = "listBudgets",
     summary = "List budgets",
-    description = "In (scope, unit) order. With the admin key and no `tenant_id`, every \
-        tenant's budgets are listed.",
+    description = "In (scope, unit) order, or by `sort_by`. With the admin key and no \
+        `tenant_id`, every tenant's budgets are listed.",
     params(BudgetListParams),
     responses(
         (status = 200, description = "A page of budgets", body = BudgetListResponse,
@@ -90,20 +87,17 @@ pub async fn list_budgets(
     Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
-    let parse = || parse_query::<BudgetListParams>(raw.as_deref())?.into_query();
-    let operation = |query| ListBudgets {
-        actor: actor.clone(),
-        query,
-    };
-    let (page, tenant) = app
-        .run_parsed(&actor, Plane::Admin, parse, operation)
+    let list = app
+        .validated(&actor, Plane::Admin, || {
+            parse_query::<BudgetListParams>(raw.as_deref())?.into_list(actor.clone())
+        })
         .await?;
-    let response = BudgetListResponse {
-        next_cursor: next_cursor(page.has_more, &page.items, budget_position),
-        ledgers: page.items.into_iter().map(BudgetLedger::from).collect(),
-        has_more: page.has_more,
-    };
-    tenant_json(StatusCode::OK, &response, tenant)
+    let (page, tenant) = app.run(list.operation.clone(), Plane::Admin).await?;
+    tenant_json(
+        StatusCode::OK,
+        &BudgetListResponse::new(&list, page),
+        tenant,
+    )
 }
 
 #[utoipa::path(

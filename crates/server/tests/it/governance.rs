@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::common::{As, Engine, Resp, TestServer};
+use crate::common::{reserve_body, As, Engine, Resp, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -16,6 +16,8 @@ engine_tests!(
     api_keys_are_listed_filtered_and_sorted,
     api_keys_are_updated_while_active,
     closing_a_tenant_revokes_its_keys,
+    budgets_are_filtered_and_sorted,
+    budget_list_refuses_bad_parameters,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -724,5 +726,258 @@ async fn closing_a_tenant_revokes_its_keys(engine: Engine) {
             .into_iter()
             .collect()
     );
+    s.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budgets
+
+const USD: &str = "USD_MICROCENTS";
+
+/// Sets a budget's allocation and spent amount (RESET_SPENT), so utilization is `spent /
+/// allocated`.
+async fn set_spent(s: &TestServer, tenant: &str, scope: &str, allocated: i64, spent: i64) {
+    let path = format!("/v1/admin/budgets/fund?tenant_id={tenant}&scope={scope}&unit={USD}");
+    let body = json!({"operation": "RESET_SPENT", "amount": {"unit": USD, "amount": allocated},
+                      "spent": {"unit": USD, "amount": spent}});
+    s.post(&path, As::Admin, body).await.expect(200, None);
+}
+
+/// Six budgets over three tenants with known utilization, status, debt and over-limit:
+/// acme 0.95; acme/workspace:eng 0.5, FROZEN; acme/workspace:ops (TOKENS, nothing
+/// allocated) 0; beta 0; beta/app:x 0; gamma 3.0 with debt 200 over a 100 overdraft limit.
+async fn six_budgets(s: &TestServer) -> String {
+    let acme = s.setup("acme", 1_000).await;
+    set_spent(s, "acme", "tenant:acme", 1_000, 950).await;
+    s.budget("tenant:acme/workspace:eng", USD, 1_000, json!({}))
+        .await;
+    set_spent(s, "acme", "tenant:acme/workspace:eng", 1_000, 500).await;
+    let freeze = format!("/v1/admin/budgets/freeze?scope=tenant:acme/workspace:eng&unit={USD}");
+    s.post(&freeze, As::Admin, json!({}))
+        .await
+        .expect(200, None);
+    s.budget("tenant:acme/workspace:ops", "TOKENS", 0, json!({}))
+        .await;
+    s.setup("beta", 100).await;
+    s.budget("tenant:beta/app:x", USD, 1_000, json!({})).await;
+    let gamma = s.setup("gamma", 100).await;
+    let overdraft = json!({"overdraft_limit": {"unit": USD, "amount": 500},
+                           "commit_overage_policy": "ALLOW_WITH_OVERDRAFT"});
+    let path = format!("/v1/admin/budgets?scope=tenant:gamma&unit={USD}");
+    patch(s, &path, overdraft).await.expect(200, None);
+    let r = s
+        .post(
+            "/v1/reservations",
+            As::Key(&gamma),
+            reserve_body("g", json!({"tenant": "gamma"}), 100),
+        )
+        .await;
+    let id = r.expect(200, None)["reservation_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let commit = json!({"idempotency_key": "gc", "actual": {"unit": USD, "amount": 300}});
+    s.post(
+        &format!("/v1/reservations/{id}/commit"),
+        As::Key(&gamma),
+        commit,
+    )
+    .await
+    .expect(200, None);
+    patch(
+        s,
+        &path,
+        json!({"overdraft_limit": {"unit": USD, "amount": 100}}),
+    )
+    .await
+    .expect(200, None);
+    let g = s.ledger("tenant:gamma", USD).await;
+    assert_eq!(
+        (&g["debt"]["amount"], &g["is_over_limit"]),
+        (&json!(200), &json!(true)),
+        "{g}"
+    );
+    acme
+}
+
+fn scopes(body: &Value) -> Vec<String> {
+    ids(body, "ledgers", "scope")
+}
+
+/// listBudgets: every filter of the spec (status, over_limit, has_debt, utilization bounds,
+/// search, with unit, scope prefix and tenant), alone and together; `sort_by` on each field
+/// in both directions with a page walk that matches the single page; without `sort_by` the
+/// (scope, unit) order of before; a tenant key's list is its own tenant's.
+async fn budgets_are_filtered_and_sorted(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let acme_key = six_budgets(&s).await;
+    let list = |q: &str| format!("/v1/admin/budgets?{q}");
+    let get = |q: &'static str| {
+        let s = &s;
+        async move { scopes(s.get(&list(q), As::Admin).await.expect(200, None)) }
+    };
+    let acme = "tenant:acme";
+    let eng = "tenant:acme/workspace:eng";
+    let ops = "tenant:acme/workspace:ops";
+    let (beta, beta_x, gamma) = ("tenant:beta", "tenant:beta/app:x", "tenant:gamma");
+    assert_eq!(
+        get("").await,
+        [acme, eng, ops, beta, beta_x, gamma],
+        "(scope, unit) order"
+    );
+    assert_eq!(get("status=FROZEN").await, [eng]);
+    assert_eq!(get("utilization_min=0.9").await, [acme, gamma]);
+    assert_eq!(
+        get("utilization_min=0.4&utilization_max=0.96").await,
+        [acme, eng]
+    );
+    assert_eq!(get("utilization_max=0").await, [ops, beta, beta_x]);
+    assert_eq!(
+        get("utilization_min=0.5&utilization_max=0.5").await,
+        [eng],
+        "bounds are inclusive"
+    );
+    assert_eq!(get("has_debt=true").await, [gamma]);
+    assert_eq!(get("has_debt=false").await.len(), 5);
+    assert_eq!(get("over_limit=true").await, [gamma]);
+    assert_eq!(
+        get("over_limit=false&has_debt=true").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(get("search=WORKSPACE").await, [eng, ops]);
+    assert_eq!(
+        get("search=beta").await,
+        [beta, beta_x],
+        "the tenant id is searched"
+    );
+    assert_eq!(
+        get("search=beta&unit=USD_MICROCENTS&scope_prefix=tenant:beta/").await,
+        [beta_x]
+    );
+    assert_eq!(get("tenant_id=acme&utilization_max=0.6").await, [eng, ops]);
+    assert_eq!(
+        get("limit=2000&status=ACTIVE").await.len(),
+        5,
+        "clamped, not refused"
+    );
+
+    let by_utilization = get("sort_by=utilization").await;
+    assert_eq!(&by_utilization[..3], [gamma, acme, eng]);
+    let mut zeros = by_utilization[3..].to_vec();
+    zeros.sort();
+    assert_eq!(zeros, [ops, beta, beta_x]);
+    for (q, single) in [
+        ("sort_by=utilization", "sort_by=utilization&limit=100"),
+        (
+            "sort_by=utilization&sort_dir=asc",
+            "sort_by=utilization&sort_dir=asc&limit=100",
+        ),
+        (
+            "sort_by=scope&sort_dir=asc",
+            "sort_by=scope&sort_dir=asc&limit=100",
+        ),
+        ("sort_by=tenant_id", "sort_by=tenant_id&limit=100"),
+        ("sort_by=debt", "sort_by=debt&limit=100"),
+        (
+            "sort_by=status&sort_dir=asc",
+            "sort_by=status&sort_dir=asc&limit=100",
+        ),
+        ("sort_by=unit", "sort_by=unit&limit=100"),
+        (
+            "sort_by=commit_overage_policy",
+            "sort_by=commit_overage_policy&limit=100",
+        ),
+    ] {
+        let walked = walk(&s, &list(&format!("{q}&limit=2")), "ledgers", "scope").await;
+        let whole = scopes(s.get(&list(single), As::Admin).await.expect(200, None));
+        assert_eq!(walked, whole, "{q}");
+        assert_eq!(walked.len(), 6, "{q}");
+    }
+    assert_eq!(
+        get("sort_by=scope&sort_dir=asc").await,
+        [acme, eng, ops, beta, beta_x, gamma]
+    );
+    assert_eq!(get("sort_by=debt").await[0], gamma);
+    assert_eq!(
+        get("sort_by=status").await[0],
+        eng,
+        "FROZEN after ACTIVE, descending"
+    );
+    assert_eq!(
+        get("sort_by=commit_overage_policy").await[0],
+        gamma,
+        "REJECT < ALLOW_WITH_OVERDRAFT, descending: gamma sorts first"
+    );
+    assert_eq!(
+        get("sort_by=utilization&utilization_min=0.1&sort_dir=asc").await,
+        [eng, acme, gamma]
+    );
+
+    let r = s
+        .get(
+            "/v1/admin/budgets?utilization_min=0.9&tenant_id=gamma",
+            As::Key(&acme_key),
+        )
+        .await;
+    assert_eq!(
+        scopes(r.expect(200, None)),
+        [acme],
+        "a tenant key lists its own tenant's"
+    );
+    s.stop().await;
+}
+
+/// Bad filter values, bound violations and foreign cursors are 400 naming the parameter.
+async fn budget_list_refuses_bad_parameters(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    six_budgets(&s).await;
+    let sorted = s
+        .get("/v1/admin/budgets?sort_by=utilization&limit=2", As::Admin)
+        .await;
+    let sorted_cursor = sorted.expect(200, None)["next_cursor"]
+        .as_str()
+        .expect("c")
+        .to_string();
+    let plain = s.get("/v1/admin/budgets?limit=2", As::Admin).await;
+    let plain_cursor = plain.expect(200, None)["next_cursor"]
+        .as_str()
+        .expect("c")
+        .to_string();
+    for (query, names) in [
+        ("utilization_min=2".to_string(), "utilization_min"),
+        ("utilization_max=-0.1".to_string(), "utilization_max"),
+        ("utilization_min=high".to_string(), "utilization_min"),
+        (
+            "utilization_min=0.9&utilization_max=0.1".to_string(),
+            "utilization_min",
+        ),
+        ("over_limit=yes".to_string(), "over_limit"),
+        ("has_debt=1".to_string(), "has_debt"),
+        ("sort_by=remaining".to_string(), "sort_by"),
+        ("sort_by=debt&sort_dir=sideways".to_string(), "sort_dir"),
+        ("status=OPEN".to_string(), "status"),
+        ("limit=0".to_string(), "limit"),
+        ("search=".to_string() + &"y".repeat(129), "search"),
+        (
+            format!("sort_by=utilization&limit=2&has_debt=false&cursor={sorted_cursor}"),
+            "cursor",
+        ),
+        (
+            format!("sort_by=debt&limit=2&cursor={sorted_cursor}"),
+            "cursor",
+        ),
+        (format!("limit=2&cursor={sorted_cursor}"), "cursor"),
+        (
+            format!("sort_by=utilization&limit=2&cursor={plain_cursor}"),
+            "cursor",
+        ),
+    ] {
+        let r = s
+            .get(&format!("/v1/admin/budgets?{query}"), As::Admin)
+            .await;
+        r.expect(400, Some("INVALID_REQUEST"));
+        let message = r.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{query}: {message}");
+    }
     s.stop().await;
 }
