@@ -14,6 +14,7 @@ mod budget;
 mod error;
 mod idempotency;
 mod intern;
+mod inventory;
 mod listing;
 mod policy;
 mod reservation;
@@ -31,6 +32,7 @@ pub use budget::{
 };
 pub use error::Rejection;
 pub use idempotency::{Endpoint, IdemKey, IdemRecord};
+pub use inventory::Counts;
 pub use listing::{position, Position, SortBy, SortValue};
 pub use policy::{pattern_matches, Caps, Policy, PolicyStatus, RateLimits, TtlOverride};
 pub use reservation::{Action, Reservation, ReservationStatus};

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::idempotency::{Arrival, IdemEntry, IdemTable};
 use crate::intern::{share_loaded, Placement, Recent};
+use crate::inventory::Inventory;
 use crate::listing::ListIndex;
 use crate::{
     Action, ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy, Reservation,
@@ -84,6 +85,8 @@ pub struct State {
     pub(crate) list_index: HashMap<String, ListIndex>,
     /// Terminal reservations and idempotency records by eviction time.
     pub(crate) retention_index: BTreeSet<(Millis, Evictable)>,
+    /// Counts and debt orders of tenants and budgets, for the admin overview.
+    pub(crate) inventory: Inventory,
     /// Not state: the subjects (with their scopes) and actions of recent reserves, so that
     /// reservations repeating them share one copy ([`crate::intern`]). In cells because an
     /// operation sees the state read-only: filling a cache changes no state.
@@ -230,14 +233,16 @@ impl State {
     pub fn apply_effect(&mut self, effect: &Effect) {
         match effect {
             Effect::PutTenant(t) => {
-                self.tenants.insert(t.tenant_id.clone(), t.clone());
+                let old = self.tenants.insert(t.tenant_id.clone(), t.clone());
+                self.inventory.tenant_written(old.as_ref(), t);
             }
             Effect::PutApiKey(k) => {
                 self.key_by_digest.insert(k.digest, k.key_id.clone());
                 self.api_keys.insert(k.key_id.clone(), k.clone());
             }
             Effect::PutBudget(b) => {
-                self.budgets.insert(b.key(), b.clone());
+                let old = self.budgets.insert(b.key(), b.clone());
+                self.inventory.budget_written(old.as_deref(), b);
             }
             Effect::PutPolicy(p) => {
                 self.policies
@@ -469,6 +474,7 @@ impl State {
         if rebuilt.list_index != self.list_index
             || rebuilt.expiry_index != self.expiry_index
             || rebuilt.retention_by_name() != self.retention_by_name()
+            || rebuilt.inventory != self.inventory
         {
             violations.push(Violation(
                 "the ordered indexes differ from indexes rebuilt from the rows".into(),

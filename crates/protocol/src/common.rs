@@ -13,7 +13,7 @@ use crate::validate::{max_len, non_negative};
 use crate::ApiError;
 
 /// `UnitEnum`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[schema(as = UnitEnum, description = "The unit an amount is counted in.")]
 pub enum WireUnit {

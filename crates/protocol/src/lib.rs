@@ -11,6 +11,7 @@ mod cursor;
 mod error;
 mod fingerprint;
 pub mod listing;
+pub mod overview;
 pub mod policy;
 mod query;
 pub mod runtime;

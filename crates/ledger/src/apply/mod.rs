@@ -15,6 +15,7 @@ mod events;
 mod lifecycle;
 mod maintain;
 mod once;
+mod overview;
 mod policies;
 mod reads;
 mod reserve;
@@ -37,6 +38,7 @@ pub use events::RecordEvent;
 pub use lifecycle::{Commit, Extend, Extended, Release};
 pub use maintain::{Maintain, Maintained};
 pub use once::{Idempotency, Idempotent};
+pub use overview::{GetOverview, Overview, OVERVIEW_ROWS};
 pub use policies::{
     CreatePolicy, ListPolicies, NewPolicy, PolicyListQuery, PolicyPatch, UpdatePolicy,
 };

@@ -12,6 +12,7 @@ mod docs;
 mod events;
 mod health;
 mod metrics;
+mod overview;
 mod policies;
 mod reservations;
 mod tenants;
@@ -78,6 +79,7 @@ fn api_routes() -> OpenApiRouter<Arc<App>> {
         .merge(tenants::routes())
         .merge(api_keys::routes())
         .merge(auth::routes())
+        .merge(overview::routes())
         .merge(budgets::routes())
         .merge(policies::routes())
 }

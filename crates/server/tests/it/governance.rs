@@ -18,6 +18,7 @@ engine_tests!(
     closing_a_tenant_revokes_its_keys,
     budgets_are_filtered_and_sorted,
     budget_list_refuses_bad_parameters,
+    overview_counts_follow_every_change,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -979,5 +980,92 @@ async fn budget_list_refuses_bad_parameters(engine: Engine) {
         let message = r.body["message"].as_str().unwrap_or_default();
         assert!(message.contains(names), "{query}: {message}");
     }
+    s.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overview
+
+/// getAdminOverview: tenant and budget counts by state and unit, the over-limit and in-debt
+/// budgets largest debt first, each moving with the writes that change them (funding, a
+/// tenant's close); the event and webhook figures are present, zero and empty. Admin only.
+async fn overview_counts_follow_every_change(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    six_budgets(&s).await;
+    let overview = || async {
+        s.get("/v1/admin/overview", As::Admin)
+            .await
+            .expect(200, None)
+            .clone()
+    };
+    let o = overview().await;
+    assert_eq!(
+        o["tenant_counts"],
+        json!({"total": 3, "active": 3, "suspended": 0, "closed": 0})
+    );
+    assert_eq!(
+        o["budget_counts"],
+        json!({"total": 6, "active": 5, "frozen": 1, "closed": 0, "over_limit": 1, "with_debt": 1,
+               "by_unit": {"USD_MICROCENTS": 5, "TOKENS": 1, "CREDITS": 0, "RISK_POINTS": 0}})
+    );
+    assert_eq!(
+        o["over_limit_scopes"],
+        json!([{"scope": "tenant:gamma", "unit": USD, "allocated": 100, "remaining": -200, "debt": 200}])
+    );
+    assert_eq!(
+        o["debt_scopes"],
+        json!([{"scope": "tenant:gamma", "unit": USD, "debt": 200, "overdraft_limit": 100}])
+    );
+    assert_eq!(
+        o["webhook_counts"],
+        json!({"total": 0, "active": 0, "disabled": 0, "with_failures": 0})
+    );
+    assert_eq!(
+        o["event_counts"],
+        json!({"total_recent": 0, "by_category": {}})
+    );
+    for list in ["failing_webhooks", "recent_denials", "recent_expiries"] {
+        assert_eq!(o[list], json!([]), "{list}");
+    }
+    assert_eq!(o["event_window_seconds"], 3600);
+    assert!(o["as_of"].is_string());
+
+    let repay = "/v1/admin/budgets/fund?tenant_id=gamma&scope=tenant:gamma&unit=USD_MICROCENTS";
+    s.post(
+        repay,
+        As::Admin,
+        json!({"operation": "REPAY_DEBT", "amount": {"unit": USD, "amount": 150}}),
+    )
+    .await
+    .expect(200, None);
+    let o = overview().await;
+    assert_eq!(
+        (
+            &o["budget_counts"]["with_debt"],
+            &o["budget_counts"]["over_limit"]
+        ),
+        (&json!(1), &json!(0))
+    );
+    assert_eq!(o["over_limit_scopes"], json!([]));
+    assert_eq!(o["debt_scopes"][0]["debt"], 50);
+
+    patch(&s, "/v1/admin/tenants/acme", json!({"status": "CLOSED"}))
+        .await
+        .expect(200, None);
+    let o = overview().await;
+    assert_eq!(
+        o["tenant_counts"],
+        json!({"total": 3, "active": 2, "suspended": 0, "closed": 1})
+    );
+    let b = &o["budget_counts"];
+    assert_eq!(
+        (&b["active"], &b["frozen"], &b["closed"], &b["total"]),
+        (&json!(3), &json!(0), &json!(3), &json!(6))
+    );
+
+    let key = s.key("beta").await;
+    s.get("/v1/admin/overview", As::Key(&key))
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
     s.stop().await;
 }

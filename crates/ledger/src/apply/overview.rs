@@ -1,0 +1,45 @@
+//! The admin overview: counts and the largest debts, read from the state's inventory.
+
+use crate::inventory::Counts;
+use crate::{Budget, BudgetKey, Millis, Rejection};
+
+use super::{operation, Actor, Tx};
+
+/// How many budgets each offender list of the overview holds (the spec's `maxItems`).
+pub const OVERVIEW_ROWS: usize = 10;
+
+/// `GET /v1/admin/overview`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetOverview {
+    pub actor: Actor,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overview {
+    pub as_of_ms: Millis,
+    pub counts: Counts,
+    /// The budgets over their overdraft limit, largest debt first, at most [`OVERVIEW_ROWS`].
+    pub over_limit: Vec<Budget>,
+    /// The budgets in debt, largest debt first, at most [`OVERVIEW_ROWS`].
+    pub in_debt: Vec<Budget>,
+}
+
+operation!(GetOverview => Overview, overview);
+
+impl Tx<'_> {
+    fn overview(&mut self, op: GetOverview) -> Result<Overview, Rejection> {
+        self.require_admin(&op.actor)?;
+        let inventory = &self.state.inventory;
+        let budgets = |keys: &mut dyn Iterator<Item = &BudgetKey>| -> Vec<Budget> {
+            keys.filter_map(|k| self.state.budget(k).cloned())
+                .take(OVERVIEW_ROWS)
+                .collect()
+        };
+        Ok(Overview {
+            as_of_ms: self.now,
+            counts: inventory.counts(),
+            over_limit: budgets(&mut inventory.over_limit()),
+            in_debt: budgets(&mut inventory.in_debt()),
+        })
+    }
+}
