@@ -58,4 +58,10 @@ pub enum Rejection {
     Overflow,
     #[error("Internal error: {0}")]
     Internal(String),
+    /// A bulk action's filter matched more rows than one action may change.
+    #[error("The filter matches {matched} rows; a bulk action changes at most {limit}")]
+    TooManyMatches { matched: u64, limit: u64 },
+    /// A bulk action's `expected_count` is not what its filter matches now.
+    #[error("The filter matches {matched} rows, not the {expected} expected")]
+    CountMismatch { matched: u64, expected: u64 },
 }

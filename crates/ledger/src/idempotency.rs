@@ -22,6 +22,10 @@ pub enum Endpoint {
     Release(Arc<str>),
     Extend(Arc<str>),
     Fund,
+    /// Added after format 1 (appended, so older journals decode unchanged): the bulk
+    /// actions, keyed per tenant for budgets and under the admin sentinel for tenants.
+    TenantsBulk,
+    BudgetsBulk,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -128,4 +128,49 @@ pub enum StoredOutcome {
     Decide(Arc<DecideResult>),
     Event(Arc<EventResult>),
     Fund(Arc<FundResult>),
+    /// Added after format 1: appended, so older journals decode unchanged.
+    Bulk(Arc<BulkResult>),
+}
+
+/// What a bulk action did, row by row (ids: tenant ids or ledger ids). A failed row changed
+/// nothing; the batch went on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkResult {
+    pub total_matched: u64,
+    pub succeeded: Vec<String>,
+    pub failed: Vec<RowFailure>,
+    /// Rows already in the action's target state.
+    pub skipped: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowFailure {
+    pub id: String,
+    pub error: RowError,
+    pub message: String,
+}
+
+/// Why a row of a bulk action failed (the spec's row-level vocabulary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowError {
+    InvalidTransition,
+    BudgetExceeded,
+    TenantClosed,
+    Internal,
+}
+
+impl RowError {
+    /// The row code a refusal of the row's own operation stands for.
+    pub fn of(rejection: &crate::Rejection) -> RowError {
+        use crate::Rejection as R;
+        match rejection {
+            R::BudgetFrozen { .. }
+            | R::BudgetClosed { .. }
+            | R::UnitMismatch { .. }
+            | R::Conflict(_) => RowError::InvalidTransition,
+            R::BudgetExceeded { .. } | R::OverdraftLimitExceeded { .. } => RowError::BudgetExceeded,
+            R::TenantClosed(_) => RowError::TenantClosed,
+            _ => RowError::Internal,
+        }
+    }
 }

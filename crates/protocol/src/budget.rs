@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 
 use ledger::{
-    Actor, Budget, BudgetListQuery, BudgetOrder, BudgetSort, BudgetStatus, FundResult, FundingOp,
-    Idempotency, ListBudgets, RolloverPolicy, SortedPage, Unit, Window,
+    Actor, Budget, BudgetFilter, BudgetListQuery, BudgetOrder, BudgetSort, BudgetStatus,
+    FundResult, FundingOp, Idempotency, ListBudgets, RolloverPolicy, SortedPage, Unit, Window,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -537,14 +537,16 @@ impl BudgetListParams {
             operation: ListBudgets {
                 actor,
                 query: BudgetListQuery {
-                    tenant_id: self.tenant_id,
-                    scope_prefix: self.scope_prefix,
-                    unit: self.unit.map(Unit::from),
-                    status,
-                    over_limit: self.over_limit,
-                    has_debt: self.has_debt,
-                    utilization_ppb: (min, max),
-                    search: self.search.0,
+                    filter: BudgetFilter {
+                        tenant_id: self.tenant_id,
+                        scope_prefix: self.scope_prefix,
+                        unit: self.unit.map(Unit::from),
+                        status,
+                        over_limit: self.over_limit,
+                        has_debt: self.has_debt,
+                        utilization_ppb: (min, max),
+                        search: self.search.0,
+                    },
                     order,
                 },
             },

@@ -16,7 +16,7 @@ pub enum Plane {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[schema(
-    description = "Why a request failed. The runtime plane (/v1/reservations, /v1/decide, /v1/events, /v1/balances) uses only the runtime codes; TENANT_NOT_FOUND, BUDGET_NOT_FOUND, INSUFFICIENT_PERMISSIONS, DUPLICATE_RESOURCE and KEY_REVOKED come from the admin plane."
+    description = "Why a request failed. The runtime plane (/v1/reservations, /v1/decide, /v1/events, /v1/balances) uses only the runtime codes; TENANT_NOT_FOUND, BUDGET_NOT_FOUND, INSUFFICIENT_PERMISSIONS, DUPLICATE_RESOURCE and KEY_REVOKED come from the admin plane, as does COUNT_MISMATCH (bulk actions)."
 )]
 pub enum ErrorCode {
     InvalidRequest,
@@ -42,6 +42,7 @@ pub enum ErrorCode {
     InsufficientPermissions,
     DuplicateResource,
     KeyRevoked,
+    CountMismatch,
 }
 
 /// An error answer: status, code, message and optional details. The correlation ids are
@@ -114,6 +115,8 @@ impl ApiError {
             Rejection::Conflict(_) => (409, C::InvalidRequest),
             Rejection::KeyRevoked(_) => (409, C::KeyRevoked),
             Rejection::Internal(_) => (500, C::InternalError),
+            Rejection::TooManyMatches { .. } => (400, C::LimitExceeded),
+            Rejection::CountMismatch { .. } => (409, C::CountMismatch),
         };
         let details = match rejection {
             Rejection::UnitMismatch {
@@ -126,6 +129,12 @@ impl ApiError {
                 "requested_unit": requested.as_str(),
                 "expected_units": expected.iter().map(|u| u.as_str()).collect::<Vec<_>>(),
             })),
+            Rejection::TooManyMatches { matched, limit } => {
+                Some(json!({"total_matched": matched, "limit": limit}))
+            }
+            Rejection::CountMismatch { matched, expected } => {
+                Some(json!({"total_matched": matched, "expected_count": expected}))
+            }
             _ => None,
         };
         ApiError {

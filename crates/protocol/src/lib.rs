@@ -6,6 +6,7 @@
 pub mod api_key;
 pub mod auth;
 pub mod budget;
+pub mod bulk;
 mod common;
 mod cursor;
 mod error;

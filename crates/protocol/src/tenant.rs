@@ -4,8 +4,8 @@ use crate::WireName;
 use std::collections::BTreeMap;
 
 use ledger::{
-    Actor, ExpiryPolicy, ListTenants, SortedPage, Tenant, TenantListQuery, TenantSort,
-    TenantStatus, Window,
+    Actor, ExpiryPolicy, ListTenants, SortedPage, Tenant, TenantFilter, TenantListQuery,
+    TenantSort, TenantStatus, Window,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -332,9 +332,11 @@ impl TenantListParams {
             operation: ListTenants {
                 actor,
                 query: TenantListQuery {
-                    status,
-                    parent_tenant_id: self.parent_tenant_id,
-                    search: self.search.0,
+                    filter: TenantFilter {
+                        status,
+                        parent_tenant_id: self.parent_tenant_id,
+                        search: self.search.0,
+                    },
                     sort_by,
                     window: Window {
                         descending,

@@ -42,9 +42,16 @@ pub struct ListBudgets {
     pub query: BudgetListQuery,
 }
 
-/// The filters (all must hold) and the order of a budget list.
+/// The filter and the order of a budget list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetListQuery {
+    pub filter: BudgetFilter,
+    pub order: BudgetOrder,
+}
+
+/// Which budgets a list or a bulk action takes: all the conditions set must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BudgetFilter {
     pub tenant_id: Option<String>,
     pub scope_prefix: Option<String>,
     pub unit: Option<Unit>,
@@ -56,7 +63,6 @@ pub struct BudgetListQuery {
     pub utilization_ppb: (Option<i64>, Option<i64>),
     /// Lower-cased; matched against the tenant id and the scope.
     pub search: Option<String>,
-    pub order: BudgetOrder,
 }
 
 /// How a budget list is ordered and where its page starts.
@@ -117,8 +123,10 @@ pub fn utilization_ppb(b: &Budget) -> i64 {
     i64::try_from(ppb).unwrap_or(i64::MAX)
 }
 
-impl BudgetListQuery {
-    fn admits(&self, b: &Budget, tenant: Option<&str>, prefix: Option<&str>) -> bool {
+impl BudgetFilter {
+    /// Whether `b` passes, for the tenant the caller may see (`tenant`) and the lower-cased
+    /// scope prefix.
+    pub(crate) fn admits(&self, b: &Budget, tenant: Option<&str>, prefix: Option<&str>) -> bool {
         let (min, max) = self.utilization_ppb;
         let utilization = utilization_ppb(b);
         tenant.is_none_or(|t| *b.tenant_id == *t)
@@ -239,10 +247,10 @@ impl Tx<'_> {
         let q = op.query;
         let tenant = match self.admin_or_tenant(&op.actor, Permission::BudgetsRead)? {
             Some(caller) => Some(caller.tenant_id.to_string()),
-            None => q.tenant_id.clone(),
+            None => q.filter.tenant_id.clone(),
         };
-        let prefix = q.scope_prefix.as_ref().map(|p| p.to_lowercase());
-        let admits = |b: &&Arc<Budget>| q.admits(b, tenant.as_deref(), prefix.as_deref());
+        let prefix = q.filter.scope_prefix.as_ref().map(|p| p.to_lowercase());
+        let admits = |b: &&Arc<Budget>| q.filter.admits(b, tenant.as_deref(), prefix.as_deref());
         let budgets = &self.state.budgets;
         Ok(match &q.order {
             BudgetOrder::Address { after, limit } => {

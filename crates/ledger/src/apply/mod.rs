@@ -10,6 +10,7 @@ mod admission;
 mod api_keys;
 mod auth;
 mod budgets;
+mod bulk;
 mod decide;
 mod events;
 mod lifecycle;
@@ -30,9 +31,11 @@ pub use api_keys::{
 };
 pub use auth::{Actor, Authenticate, Principal};
 pub use budgets::{
-    utilization_ppb, BudgetListQuery, BudgetOrder, BudgetPatch, BudgetSort, CreateBudget,
-    FundBudget, Funding, ListBudgets, LookupBudget, NewBudget, SetBudgetFrozen, UpdateBudget,
+    utilization_ppb, BudgetFilter, BudgetListQuery, BudgetOrder, BudgetPatch, BudgetSort,
+    CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget, NewBudget, SetBudgetFrozen,
+    UpdateBudget,
 };
+pub use bulk::{BulkBudgets, BulkTenants, BULK_LIMIT};
 pub use decide::Decide;
 pub use events::RecordEvent;
 pub use lifecycle::{Commit, Extend, Extended, Release};
@@ -46,8 +49,8 @@ pub use reads::{GetBalances, GetReservation, ListReservations, Page, Reservation
 pub use reserve::{Reserve, Reserved};
 pub use sorted::{SortedPage, Window};
 pub use tenants::{
-    CreateTenant, GetTenant, ListTenants, NewTenant, TenantListQuery, TenantPatch, TenantSort,
-    TenantWritten, UpdateTenant, TENANT_CLOSED_REASON,
+    CreateTenant, GetTenant, ListTenants, NewTenant, TenantFilter, TenantListQuery, TenantPatch,
+    TenantSort, TenantWritten, UpdateTenant, TENANT_CLOSED_REASON,
 };
 
 use crate::{Budget, BudgetKey, Effect, Millis, Rejection, State};
@@ -150,6 +153,26 @@ impl Tx<'_> {
     /// Stages an effect, applied when the operation succeeds.
     pub(crate) fn put(&mut self, effect: Effect) {
         self.staged.push(effect);
+    }
+
+    /// Runs one row of a bulk action: its effects are kept if it succeeds and dropped if it
+    /// is refused, without refusing the action (each row is all or nothing; the batch goes
+    /// on).
+    pub(crate) fn row<T>(
+        &mut self,
+        row: impl FnOnce(&mut Self) -> Result<T, Rejection>,
+    ) -> Result<T, Rejection> {
+        let mark = self.staged.len();
+        let result = row(self);
+        if result.is_err() {
+            self.staged.truncate(mark);
+        }
+        result
+    }
+
+    /// How many effects are staged so far (whether a step staged any).
+    pub(crate) fn staged_len(&self) -> usize {
+        self.staged.len()
     }
 
     /// Stages budget writes after checking the ledger invariant on every one of them: either

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use crate::{
-    CommitResult, DecideResult, EventResult, ExtendResult, FundResult, IdemKey, IdemRecord, Millis,
-    Rejection, ReleaseResult, ReserveResult, StoredOutcome,
+    BulkResult, CommitResult, DecideResult, EventResult, ExtendResult, FundResult, IdemKey,
+    IdemRecord, Millis, Rejection, ReleaseResult, ReserveResult, StoredOutcome,
 };
 
 use super::Tx;
@@ -59,6 +59,7 @@ replayable!(
     DecideResult => Decide,
     EventResult => Event,
     FundResult => Fund,
+    BulkResult => Bulk,
 );
 
 impl Tx<'_> {

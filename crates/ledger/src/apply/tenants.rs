@@ -58,15 +58,32 @@ pub struct ListTenants {
     pub query: TenantListQuery,
 }
 
-/// The filters (all must hold) and the order of a tenant list.
+/// The filter and the order of a tenant list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantListQuery {
+    pub filter: TenantFilter,
+    pub sort_by: TenantSort,
+    pub window: Window,
+}
+
+/// Which tenants a list or a bulk action takes: all the conditions set must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantFilter {
     pub status: Option<TenantStatus>,
     pub parent_tenant_id: Option<String>,
     /// Lower-cased; matched against the id and the name.
     pub search: Option<String>,
-    pub sort_by: TenantSort,
-    pub window: Window,
+}
+
+impl TenantFilter {
+    pub(crate) fn admits(&self, t: &Tenant) -> bool {
+        self.status.is_none_or(|s| t.status == s)
+            && self
+                .parent_tenant_id
+                .as_ref()
+                .is_none_or(|p| t.parent_tenant_id.as_ref() == Some(p))
+            && matches_search(self.search.as_deref(), &[&t.tenant_id, &t.name])
+    }
 }
 
 /// The fields a tenant list can be ordered by (ties by tenant id).
@@ -183,15 +200,7 @@ impl Tx<'_> {
                     "Cannot transition from CLOSED".into(),
                 ));
             }
-            if status != t.status {
-                closing = status == TenantStatus::Closed;
-                match status {
-                    TenantStatus::Suspended => t.suspended_at_ms = Some(self.now),
-                    TenantStatus::Closed => t.closed_at_ms = Some(self.now),
-                    TenantStatus::Active => {}
-                }
-                t.status = status;
-            }
+            closing = stamp_status(&mut t, status, self.now);
         }
         if let Some(name) = patch.name {
             t.name = name;
@@ -222,25 +231,31 @@ impl Tx<'_> {
     fn list_tenants(&mut self, op: ListTenants) -> Result<SortedPage<Tenant>, Rejection> {
         self.require_admin(&op.actor)?;
         let q = op.query;
-        let rows = self
-            .state
-            .tenants
-            .values()
-            .filter(|t| q.status.is_none_or(|s| t.status == s))
-            .filter(|t| {
-                q.parent_tenant_id
-                    .as_ref()
-                    .is_none_or(|p| t.parent_tenant_id.as_ref() == Some(p))
-            })
-            .filter(|t| matches_search(q.search.as_deref(), &[&t.tenant_id, &t.name]));
+        let rows = self.state.tenants.values().filter(|t| q.filter.admits(t));
         Ok(sorted_page(rows, |t| q.sort_by.position(t), &q.window).map(Tenant::clone))
+    }
+
+    /// Moves a tenant that is not CLOSED to `status` and stages it, with the close cascade
+    /// when that closes it (a bulk action's row).
+    pub(crate) fn restatus_tenant(
+        &mut self,
+        mut t: Tenant,
+        status: TenantStatus,
+    ) -> Result<(), Rejection> {
+        let closing = stamp_status(&mut t, status, self.now);
+        t.updated_at_ms = self.now;
+        self.put(Effect::PutTenant(t.clone()));
+        if closing {
+            self.close_cascade(&t.tenant_id)?;
+        }
+        Ok(())
     }
 
     /// Closing a tenant is terminal (admin spec §4.2, mode A: one step): its open
     /// reservations are released (their holds return), its budgets closed and its ACTIVE
     /// API keys revoked, in the same step as the status change. Reads of the closed tenant's
     /// objects stay open to the admin key; every mutation is refused with TENANT_CLOSED.
-    fn close_cascade(&mut self, tenant_id: &str) -> Result<(), Rejection> {
+    pub(crate) fn close_cascade(&mut self, tenant_id: &str) -> Result<(), Rejection> {
         self.revoke_tenant_keys(tenant_id);
         let state = self.state;
         let active = state
@@ -323,4 +338,19 @@ impl Tx<'_> {
             ))),
         }
     }
+}
+
+/// Sets `t`'s status with its timestamp; true when this closes it. Unchanged when it is
+/// already in `status`.
+fn stamp_status(t: &mut Tenant, status: TenantStatus, now: crate::Millis) -> bool {
+    if status == t.status {
+        return false;
+    }
+    match status {
+        TenantStatus::Suspended => t.suspended_at_ms = Some(now),
+        TenantStatus::Closed => t.closed_at_ms = Some(now),
+        TenantStatus::Active => {}
+    }
+    t.status = status;
+    status == TenantStatus::Closed
 }

@@ -6,11 +6,12 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use ledger::{CreateTenant, GetTenant, Tenant, TenantWritten, UpdateTenant};
+use protocol::bulk::{BulkActionResponse, TenantBulkActionRequest};
 use protocol::tenant::{
     TenantCreateRequest, TenantListParams, TenantListResponse, TenantPath, TenantResponse,
     TenantUpdateRequest,
 };
-use protocol::{parse_query, Plane};
+use protocol::{parse_body, parse_query, Plane};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -23,6 +24,7 @@ use crate::routes::body::admin_body;
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(create_tenant, list_tenants))
+        .routes(routes!(bulk_action_tenants))
         .routes(routes!(get_tenant, update_tenant))
 }
 
@@ -138,4 +140,39 @@ pub async fn update_tenant(
     };
     let (tenant, _) = app.run(operation, Plane::Admin).await?;
     tenant_answer(tenant)
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/tenants/bulk-action", tag = "Tenants",
+    operation_id = "bulkActionTenants",
+    summary = "Suspend, reactivate or close every tenant a filter matches",
+    description = "At most 500 tenants (else 400 LIMIT_EXCEEDED, nothing changed); with \
+        `expected_count`, 409 COUNT_MISMATCH unless the filter matches exactly that many. \
+        Each tenant is changed or not on its own; the key replays the response for 15 \
+        minutes.",
+    request_body = TenantBulkActionRequest,
+    responses(
+        (status = 200, description = "Row by row", body = BulkActionResponse),
+        Errors<(BadRequest, Conflict)>,
+    ),
+    security(("AdminKeyAuth" = [])),
+)]
+pub async fn bulk_action_tenants(
+    State(app): State<Arc<App>>,
+    Headers(headers): Headers,
+    bytes: Bytes,
+) -> Answer {
+    let actor = auth::admin(app.admin_key(), &headers)?;
+    let (action, key, operation) = app
+        .validated(&actor, Plane::Admin, || {
+            let request: TenantBulkActionRequest = parse_body(&bytes)?;
+            let (action, key) = (request.action.clone(), request.idempotency_key.clone());
+            Ok((action, key, request.into_operation(actor.clone())?))
+        })
+        .await?;
+    let (done, _) = app.run(operation, Plane::Admin).await?;
+    Ok(json(
+        StatusCode::OK,
+        &BulkActionResponse::new(action, key, &done.result),
+    ))
 }

@@ -19,6 +19,9 @@ engine_tests!(
     budgets_are_filtered_and_sorted,
     budget_list_refuses_bad_parameters,
     overview_counts_follow_every_change,
+    tenant_bulk_actions_row_by_row,
+    tenant_bulk_action_safety,
+    budget_bulk_actions_row_by_row,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -1067,5 +1070,324 @@ async fn overview_counts_follow_every_change(engine: Engine) {
     s.get("/v1/admin/overview", As::Key(&key))
         .await
         .expect(401, Some("UNAUTHORIZED"));
+    s.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bulk actions
+
+fn bulk_ids(body: &Value, list: &str) -> Vec<String> {
+    ids(body, list, "id")
+}
+
+fn tenant_status(body: &Value, id: &str) -> String {
+    body["tenants"]
+        .as_array()
+        .expect("tenants")
+        .iter()
+        .find(|t| t["tenant_id"] == json!(id))
+        .and_then(|t| t["status"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// bulkActionTenants: each action on the rows its filter matches, already-there rows
+/// skipped, CLOSED rows failing INVALID_TRANSITION, CLOSE with the cascade; the key replays
+/// the same envelope without re-applying, and refuses another body.
+async fn tenant_bulk_actions_row_by_row(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    seven_tenants(&s).await;
+    let omega_key = s.key("omega").await;
+    let bulk = |body: Value| {
+        let s = &s;
+        async move {
+            s.post("/v1/admin/tenants/bulk-action", As::Admin, body)
+                .await
+        }
+    };
+    let suspend = json!({"filter": {"parent_tenant_id": "acme"}, "action": "SUSPEND",
+                         "expected_count": 2, "idempotency_key": "b1"});
+    let r = bulk(suspend.clone()).await;
+    let first = r.expect(200, None).clone();
+    assert_eq!(
+        (
+            &first["action"],
+            &first["total_matched"],
+            &first["idempotency_key"]
+        ),
+        (&json!("SUSPEND"), &json!(2), &json!("b1"))
+    );
+    assert_eq!(bulk_ids(&first, "succeeded"), ["acme-eu", "acme-us"]);
+    assert_eq!(
+        (
+            first["failed"].as_array().map(Vec::len),
+            first["skipped"].as_array().map(Vec::len)
+        ),
+        (Some(0), Some(0))
+    );
+    patch(&s, "/v1/admin/tenants/acme-eu", json!({"status": "ACTIVE"}))
+        .await
+        .expect(200, None);
+    let again = bulk(suspend.clone()).await;
+    assert_eq!(
+        again.expect(200, None),
+        &first,
+        "a replay, not a second run"
+    );
+    let list = s
+        .get("/v1/admin/tenants", As::Admin)
+        .await
+        .expect(200, None)
+        .clone();
+    assert_eq!(
+        tenant_status(&list, "acme-eu"),
+        "ACTIVE",
+        "the replay changed nothing"
+    );
+    let mut other = suspend.clone();
+    other["action"] = json!("CLOSE");
+    bulk(other).await.expect(409, Some("IDEMPOTENCY_MISMATCH"));
+
+    let r =
+        bulk(json!({"filter": {"search": "ACME"}, "action": "SUSPEND", "idempotency_key": "b2"}))
+            .await;
+    let b = r.expect(200, None);
+    assert_eq!(bulk_ids(b, "succeeded"), ["acme", "acme-eu"]);
+    assert_eq!(bulk_ids(b, "skipped"), ["acme-us"]);
+    assert_eq!(b["skipped"][0]["reason"], "ALREADY_IN_TARGET_STATE");
+
+    let r = bulk(
+        json!({"filter": {"status": "SUSPENDED"}, "action": "REACTIVATE", "idempotency_key": "b3"}),
+    )
+    .await;
+    assert_eq!(
+        bulk_ids(r.expect(200, None), "succeeded"),
+        ["acme", "acme-eu", "acme-us", "gamma"]
+    );
+    let r = bulk(
+        json!({"filter": {"status": "CLOSED"}, "action": "REACTIVATE", "idempotency_key": "b4"}),
+    )
+    .await;
+    let b = r.expect(200, None);
+    assert_eq!(bulk_ids(b, "failed"), ["delta"]);
+    assert_eq!(b["failed"][0]["error_code"], "INVALID_TRANSITION");
+    assert!(
+        b["failed"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("CLOSED")),
+        "{b}"
+    );
+
+    let r =
+        bulk(json!({"filter": {"search": "omega"}, "action": "CLOSE", "idempotency_key": "b5"}))
+            .await;
+    assert_eq!(bulk_ids(r.expect(200, None), "succeeded"), ["omega"]);
+    s.get("/v1/balances?tenant=omega", As::Key(&omega_key))
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+    let r =
+        bulk(json!({"filter": {"status": "CLOSED"}, "action": "CLOSE", "idempotency_key": "b6"}))
+            .await;
+    assert_eq!(
+        bulk_ids(r.expect(200, None), "skipped"),
+        ["delta", "omega"],
+        "nothing left to cascade"
+    );
+    let list = s
+        .get("/v1/admin/tenants", As::Admin)
+        .await
+        .expect(200, None)
+        .clone();
+    for (id, status) in [
+        ("acme", "ACTIVE"),
+        ("gamma", "ACTIVE"),
+        ("omega", "CLOSED"),
+        ("delta", "CLOSED"),
+        ("beta", "ACTIVE"),
+    ] {
+        assert_eq!(tenant_status(&list, id), status, "{id}");
+    }
+    s.stop().await;
+}
+
+/// The safety rails: more than 500 matches is 400 LIMIT_EXCEEDED and a wrong
+/// `expected_count` 409 COUNT_MISMATCH, both with `details.total_matched` and no change; an
+/// empty filter (or one of only ignored fields), a bad action, key or field is 400; a
+/// tenant key is 401.
+async fn tenant_bulk_action_safety(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    for i in 0..501 {
+        s.tenant(&format!("t-{i:03}")).await;
+    }
+    let bulk = |body: Value| {
+        let s = &s;
+        async move {
+            s.post("/v1/admin/tenants/bulk-action", As::Admin, body)
+                .await
+        }
+    };
+    let r =
+        bulk(json!({"filter": {"status": "ACTIVE"}, "action": "SUSPEND", "idempotency_key": "k"}))
+            .await;
+    r.expect(400, Some("LIMIT_EXCEEDED"));
+    assert_eq!(r.body["details"]["total_matched"], 501);
+    let r = bulk(json!({"filter": {"search": "t-00"}, "action": "SUSPEND", "expected_count": 9, "idempotency_key": "k"})).await;
+    r.expect(409, Some("COUNT_MISMATCH"));
+    assert_eq!(r.body["details"]["total_matched"], 10);
+    let r = s.get("/v1/admin/tenants?status=SUSPENDED", As::Admin).await;
+    assert_eq!(r.expect(200, None)["tenants"], json!([]), "nothing changed");
+    let r = bulk(json!({"filter": {"search": "t-00"}, "action": "SUSPEND", "expected_count": 10, "idempotency_key": "k"})).await;
+    assert_eq!(
+        r.expect(200, None)["succeeded"].as_array().map(Vec::len),
+        Some(10),
+        "the same key, now right"
+    );
+
+    for body in [
+        json!({"filter": {}, "action": "SUSPEND", "idempotency_key": "x"}),
+        json!({"filter": {"observe_mode": "OBSERVE"}, "action": "SUSPEND", "idempotency_key": "x"}),
+        json!({"filter": {"search": "  "}, "action": "SUSPEND", "idempotency_key": "x"}),
+        json!({"filter": {"status": "GONE"}, "action": "SUSPEND", "idempotency_key": "x"}),
+        json!({"filter": {"status": "ACTIVE"}, "action": "DELETE", "idempotency_key": "x"}),
+        json!({"filter": {"status": "ACTIVE"}, "action": "SUSPEND"}),
+        json!({"filter": {"status": "ACTIVE"}, "action": "SUSPEND", "idempotency_key": ""}),
+        json!({"filter": {"status": "ACTIVE"}, "action": "SUSPEND", "idempotency_key": "x".repeat(129)}),
+        json!({"filter": {"status": "ACTIVE", "tenant": "x"}, "action": "SUSPEND", "idempotency_key": "x"}),
+        json!({"filter": {"status": "ACTIVE"}, "action": "SUSPEND", "idempotency_key": "x", "force": true}),
+        json!({"filter": {"status": "ACTIVE"}, "action": "SUSPEND", "idempotency_key": "x", "expected_count": -1}),
+    ] {
+        bulk(body.clone())
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
+    let key = s.key("t-100").await;
+    let body = json!({"filter": {"status": "ACTIVE"}, "action": "SUSPEND", "idempotency_key": "y"});
+    s.post("/v1/admin/tenants/bulk-action", As::Key(&key), body)
+        .await
+        .expect(401, Some("UNAUTHORIZED"));
+    s.stop().await;
+}
+
+/// bulkActionBudgets: the funding action on each matching budget of one tenant, as
+/// fundBudget would; frozen budgets and budgets in another unit fail INVALID_TRANSITION, a
+/// DEBIT past the remaining BUDGET_EXCEEDED, a REPAY_DEBT without debt is skipped, a closed
+/// tenant's rows fail TENANT_CLOSED; the key replays without re-applying.
+async fn budget_bulk_actions_row_by_row(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    six_budgets(&s).await;
+    let ledger_id = |scope: &'static str, unit: &'static str| {
+        let s = &s;
+        async move {
+            s.ledger(scope, unit).await["ledger_id"]
+                .as_str()
+                .expect("id")
+                .to_string()
+        }
+    };
+    let (acme, eng, ops) = (
+        ledger_id("tenant:acme", USD).await,
+        ledger_id("tenant:acme/workspace:eng", USD).await,
+        ledger_id("tenant:acme/workspace:ops", "TOKENS").await,
+    );
+    let usd = |v: i64| json!({"unit": USD, "amount": v});
+    let bulk = |body: Value| {
+        let s = &s;
+        async move {
+            s.post("/v1/admin/budgets/bulk-action", As::Admin, body)
+                .await
+        }
+    };
+    let credit = json!({"filter": {"tenant_id": "acme"}, "action": "CREDIT", "amount": usd(100),
+                        "reason": "top-up", "idempotency_key": "c1"});
+    let r = bulk(credit.clone()).await;
+    let b = r.expect(200, None).clone();
+    assert_eq!(b["total_matched"], 3);
+    assert_eq!(bulk_ids(&b, "succeeded"), [acme.as_str()]);
+    let mut failed = bulk_ids(&b, "failed");
+    failed.sort();
+    let mut expected = vec![eng.clone(), ops.clone()];
+    expected.sort();
+    assert_eq!(failed, expected, "frozen, and another unit");
+    for f in b["failed"].as_array().expect("failed") {
+        assert_eq!(f["error_code"], "INVALID_TRANSITION", "{f}");
+    }
+    assert_eq!(
+        s.ledger("tenant:acme", USD).await["allocated"]["amount"],
+        1_100
+    );
+    assert_eq!(bulk(credit).await.expect(200, None), &b, "replayed");
+    assert_eq!(
+        s.ledger("tenant:acme", USD).await["allocated"]["amount"],
+        1_100,
+        "not re-applied"
+    );
+
+    let r = bulk(json!({"filter": {"tenant_id": "beta"}, "action": "DEBIT", "amount": usd(500), "idempotency_key": "d1"})).await;
+    let b = r.expect(200, None);
+    assert_eq!(b["failed"][0]["error_code"], "BUDGET_EXCEEDED", "{b}");
+    assert_eq!(b["succeeded"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        s.ledger("tenant:beta/app:x", USD).await["allocated"]["amount"],
+        500
+    );
+    assert_eq!(
+        s.ledger("tenant:beta", USD).await["allocated"]["amount"],
+        100,
+        "the failed row is untouched"
+    );
+
+    let r = bulk(json!({"filter": {"tenant_id": "beta", "scope_prefix": "tenant:beta/"}, "action": "REPAY_DEBT", "amount": usd(5), "idempotency_key": "r1"})).await;
+    assert_eq!(
+        r.expect(200, None)["skipped"][0]["reason"],
+        "ALREADY_IN_TARGET_STATE"
+    );
+    let r = bulk(json!({"filter": {"tenant_id": "gamma", "has_debt": true}, "action": "REPAY_DEBT", "amount": usd(200), "idempotency_key": "r2"})).await;
+    assert_eq!(
+        r.expect(200, None)["succeeded"].as_array().map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(s.ledger("tenant:gamma", USD).await["debt"]["amount"], 0);
+    let r = bulk(json!({"filter": {"tenant_id": "acme", "utilization_min": 0.5, "status": "ACTIVE"},
+                        "action": "RESET_SPENT", "amount": usd(2_000), "spent": usd(0), "idempotency_key": "rs"})).await;
+    assert_eq!(
+        bulk_ids(r.expect(200, None), "succeeded"),
+        [acme.as_str()],
+        "0.95 → only tenant:acme"
+    );
+    assert_eq!(s.ledger("tenant:acme", USD).await["spent"]["amount"], 0);
+
+    patch(&s, "/v1/admin/tenants/beta", json!({"status": "CLOSED"}))
+        .await
+        .expect(200, None);
+    let r = bulk(json!({"filter": {"tenant_id": "beta"}, "action": "CREDIT", "amount": usd(1), "idempotency_key": "c9"})).await;
+    let b = r.expect(200, None);
+    assert_eq!(b["failed"].as_array().map(Vec::len), Some(2));
+    assert!(
+        b["failed"]
+            .as_array()
+            .expect("failed")
+            .iter()
+            .all(|f| f["error_code"] == "TENANT_CLOSED"),
+        "{b}"
+    );
+
+    bulk(json!({"filter": {"tenant_id": "nobody"}, "action": "CREDIT", "amount": usd(1), "idempotency_key": "n"}))
+        .await
+        .expect(404, Some("TENANT_NOT_FOUND"));
+    for body in [
+        json!({"filter": {}, "action": "CREDIT", "amount": usd(1), "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme"}, "action": "CREDIT", "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme"}, "action": "GIFT", "amount": usd(1), "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme"}, "action": "CREDIT", "amount": usd(-1), "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme"}, "action": "CREDIT", "amount": usd(1), "spent": usd(0), "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme", "utilization_min": 0.9, "utilization_max": 0.1}, "action": "CREDIT", "amount": usd(1), "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme", "utilization_min": 1.5}, "action": "CREDIT", "amount": usd(1), "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme", "status": "OPEN"}, "action": "CREDIT", "amount": usd(1), "idempotency_key": "x"}),
+        json!({"filter": {"tenant_id": "acme"}, "action": "CREDIT", "amount": usd(1)}),
+    ] {
+        bulk(body.clone())
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
     s.stop().await;
 }
