@@ -34,6 +34,7 @@ fn action() -> Action {
         kind: "llm.completion".into(),
         name: "test-model".into(),
         tags: None,
+        policy_keys: None,
     }
 }
 
@@ -103,6 +104,7 @@ impl Bodies {
             overage_policy: Some(WirePolicy::Reject),
             dry_run: None,
             metadata: None,
+            observe_mode: None,
         };
         Bodies {
             reserve: KeyedBody::new(&reserve(TTL_MS)),

@@ -35,6 +35,7 @@ fn example_reservation() -> ReservationCreateRequest {
             kind: "llm.completion".into(),
             name: "gpt-4o-mini".into(),
             tags: None,
+            policy_keys: None,
         },
         estimate: usd_microcents(100_000),
         ttl_ms: None,
@@ -42,6 +43,7 @@ fn example_reservation() -> ReservationCreateRequest {
         overage_policy: None,
         dry_run: None,
         metadata: None,
+        observe_mode: None,
     }
 }
 

@@ -246,6 +246,11 @@ pub struct Action {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 10)]
     pub tags: Option<Vec<String>>,
+    /// v0.1.26 routing dimensions for policy matching: accepted (an object) and ignored, as
+    /// the spec requires of a server without the extension.
+    #[serde(default, skip_serializing)]
+    #[schema(value_type = Option<Object>)]
+    pub policy_keys: Option<Metadata>,
 }
 
 impl Action {
@@ -280,6 +285,7 @@ impl From<&ledger::Action> for Action {
             kind: a.kind.clone(),
             name: a.name.clone(),
             tags: a.tags.clone(),
+            policy_keys: None,
         }
     }
 }

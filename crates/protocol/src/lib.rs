@@ -10,6 +10,7 @@ pub mod bulk;
 mod common;
 mod cursor;
 mod error;
+mod extensions;
 mod fingerprint;
 pub mod listing;
 pub mod overview;

@@ -1,5 +1,6 @@
 //! Policies (admin plane) and the `Caps` they supply to runtime decisions.
 
+use crate::extensions::check_unenforced_list;
 use crate::WireName;
 use ledger::{PolicyListQuery, PolicyStatus, RateLimits, TtlOverride};
 use serde::{Deserialize, Serialize};
@@ -214,10 +215,30 @@ pub struct PolicyCreateRequest {
     pub rate_limits: Option<PolicyRateLimits>,
     pub effective_from: Option<String>,
     pub effective_until: Option<String>,
+    /// v0.1.26 action quotas: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    pub action_quotas: Option<Vec<serde_json::Value>>,
+    /// v0.1.26 risk-class quotas: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    pub risk_class_quotas: Option<Vec<serde_json::Value>>,
+    /// v0.1.26 action-kind allowlist: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>, max_items = 0)]
+    pub allowed_action_kinds: Option<Vec<serde_json::Value>>,
+    /// v0.1.26 action-kind denylist: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>, max_items = 0)]
+    pub denied_action_kinds: Option<Vec<serde_json::Value>>,
 }
 
 impl Validate for PolicyCreateRequest {
     fn validate(&self) -> Result<(), ApiError> {
+        check_unenforced_list("action_quotas", &self.action_quotas)?;
+        check_unenforced_list("risk_class_quotas", &self.risk_class_quotas)?;
+        check_unenforced_list("allowed_action_kinds", &self.allowed_action_kinds)?;
+        check_unenforced_list("denied_action_kinds", &self.denied_action_kinds)?;
         if let Some(t) = &self.tenant_id {
             check_tenant_id("tenant_id", t)?;
         }
@@ -273,10 +294,30 @@ pub struct PolicyUpdateRequest {
     pub effective_until: Option<String>,
     #[schema(value_type = Option<crate::schema::PolicyStatus>, inline)]
     pub status: Option<String>,
+    /// v0.1.26 action quotas: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    pub action_quotas: Option<Vec<serde_json::Value>>,
+    /// v0.1.26 risk-class quotas: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>, max_items = 0)]
+    pub risk_class_quotas: Option<Vec<serde_json::Value>>,
+    /// v0.1.26 action-kind allowlist: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>, max_items = 0)]
+    pub allowed_action_kinds: Option<Vec<serde_json::Value>>,
+    /// v0.1.26 action-kind denylist: only an empty list is accepted (not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>, max_items = 0)]
+    pub denied_action_kinds: Option<Vec<serde_json::Value>>,
 }
 
 impl Validate for PolicyUpdateRequest {
     fn validate(&self) -> Result<(), ApiError> {
+        check_unenforced_list("action_quotas", &self.action_quotas)?;
+        check_unenforced_list("risk_class_quotas", &self.risk_class_quotas)?;
+        check_unenforced_list("allowed_action_kinds", &self.allowed_action_kinds)?;
+        check_unenforced_list("denied_action_kinds", &self.denied_action_kinds)?;
         if let Some(n) = &self.name {
             len_between("name", n, 1, 256)?;
         }

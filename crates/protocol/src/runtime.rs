@@ -1,5 +1,6 @@
 //! The runtime plane: reservations, decide, events, balances.
 
+use crate::extensions::check_observe_mode;
 use crate::WireName;
 use ledger::{
     Actor, CommitResult, DecideResult, EventResult, ExtendResult, GetBalances, Idempotency,
@@ -150,11 +151,16 @@ pub struct ReservationCreateRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
+    /// v0.1.26: ENFORCE or DISABLED (the same) are accepted; OBSERVE is not supported.
+    #[serde(default, skip_serializing)]
+    #[schema(pattern = "^(ENFORCE|DISABLED)$")]
+    pub observe_mode: Option<String>,
 }
 
 impl Validate for ReservationCreateRequest {
     fn validate(&self) -> Result<(), ApiError> {
         idempotency_key("idempotency_key", &self.idempotency_key)?;
+        check_observe_mode("observe_mode", &self.observe_mode)?;
         self.subject.check("subject")?;
         self.action.check("action")?;
         self.estimate.check("estimate")?;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
+use crate::extensions::check_observe_mode;
 use crate::schema::{
     ReservationExpiryPolicy, SortDirection, TenantSortBy, TenantStatus as TenantStatusSchema,
 };
@@ -78,6 +79,10 @@ pub struct TenantCreateRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<ReservationExpiryPolicy>, inline)]
     pub reservation_expiry_policy: Option<String>,
+    /// v0.1.26: ENFORCE or DISABLED (the same) are accepted; OBSERVE is not supported.
+    #[serde(default, skip_serializing)]
+    #[schema(pattern = "^(ENFORCE|DISABLED)$")]
+    pub observe_mode: Option<String>,
 }
 
 fn check_tenant_settings(
@@ -100,6 +105,7 @@ fn check_tenant_settings(
 impl Validate for TenantCreateRequest {
     fn validate(&self) -> Result<(), ApiError> {
         check_tenant_id("tenant_id", &self.tenant_id)?;
+        check_observe_mode("observe_mode", &self.observe_mode)?;
         len_between("name", &self.name, 1, 256)?;
         if let Some(p) = &self.parent_tenant_id {
             check_tenant_id("parent_tenant_id", p)?;
@@ -135,6 +141,7 @@ impl TenantCreateRequest {
             max_reservation_ttl_ms: None,
             max_reservation_extensions: None,
             reservation_expiry_policy: None,
+            observe_mode: None,
         }
     }
 
@@ -176,10 +183,15 @@ pub struct TenantUpdateRequest {
     pub max_reservation_ttl_ms: Option<i64>,
     #[schema(minimum = 0, maximum = 4_294_967_295_i64)]
     pub max_reservation_extensions: Option<i64>,
+    /// v0.1.26: ENFORCE or DISABLED (the same) are accepted; OBSERVE is not supported.
+    #[serde(default)]
+    #[schema(pattern = "^(ENFORCE|DISABLED)$")]
+    pub observe_mode: Option<String>,
 }
 
 impl Validate for TenantUpdateRequest {
     fn validate(&self) -> Result<(), ApiError> {
+        check_observe_mode("observe_mode", &self.observe_mode)?;
         if let Some(n) = &self.name {
             len_between("name", n, 1, 256)?;
         }

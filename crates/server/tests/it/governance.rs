@@ -22,6 +22,7 @@ engine_tests!(
     tenant_bulk_actions_row_by_row,
     tenant_bulk_action_safety,
     budget_bulk_actions_row_by_row,
+    extension_fields_are_ignored_or_refused_safely,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -1389,5 +1390,148 @@ async fn budget_bulk_actions_row_by_row(engine: Engine) {
             .await
             .expect(400, Some("INVALID_REQUEST"));
     }
+    s.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// v0.1.26 fields
+
+/// `action.policy_keys` is accepted and ignored (not even part of the fingerprint);
+/// `observe_mode` is accepted as ENFORCE or DISABLED and refused as OBSERVE, on reserves and
+/// tenants; policy quota and access lists are accepted empty and refused non-empty; the
+/// tenant list ignores its `observe_mode` filter. A refused request reserves nothing.
+async fn extension_fields_are_ignored_or_refused_safely(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000).await;
+    let subject = json!({"tenant": "acme"});
+    let mut body = reserve_body("p1", subject.clone(), 100);
+    body["action"]["policy_keys"] = json!({"host": "api.openai.com", "custom": {"team": "x"}});
+    let first = s
+        .post("/v1/reservations", As::Key(&key), body.clone())
+        .await;
+    let id = first.expect(200, None)["reservation_id"].clone();
+    body["action"]["policy_keys"] = json!({"host": "other.example"});
+    let replay = s
+        .post("/v1/reservations", As::Key(&key), body.clone())
+        .await;
+    assert_eq!(
+        replay.expect(200, None)["reservation_id"],
+        id,
+        "ignored: the same request"
+    );
+    body["action"]["policy_keys"] = json!("api.openai.com");
+    s.post("/v1/reservations", As::Key(&key), body)
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+
+    let mut enforce = reserve_body("o1", subject.clone(), 100);
+    enforce["observe_mode"] = json!("ENFORCE");
+    s.post("/v1/reservations", As::Key(&key), enforce)
+        .await
+        .expect(200, None);
+    let mut observe = reserve_body("o2", subject.clone(), 100);
+    observe["observe_mode"] = json!("OBSERVE");
+    let r = s.post("/v1/reservations", As::Key(&key), observe).await;
+    r.expect(400, Some("INVALID_REQUEST"));
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("observe_mode"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        s.ledger("tenant:acme", USD).await["reserved"]["amount"],
+        200,
+        "OBSERVE reserved nothing"
+    );
+    let decide = json!({"idempotency_key": "d1", "subject": subject,
+        "action": {"kind": "llm.completion", "name": "m", "policy_keys": {"host": "h"}},
+        "estimate": {"unit": USD, "amount": 1}});
+    s.post("/v1/decide", As::Key(&key), decide)
+        .await
+        .expect(200, None);
+
+    let tenant = |observe_mode: &str| json!({"tenant_id": format!("t-{}", observe_mode.to_lowercase()), "name": "x", "observe_mode": observe_mode});
+    s.post("/v1/admin/tenants", As::Admin, tenant("ENFORCE"))
+        .await
+        .expect(201, None);
+    s.post("/v1/admin/tenants", As::Admin, tenant("OBSERVE"))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    patch(
+        &s,
+        "/v1/admin/tenants/t-enforce",
+        json!({"observe_mode": "DISABLED"}),
+    )
+    .await
+    .expect(200, None);
+    patch(
+        &s,
+        "/v1/admin/tenants/t-enforce",
+        json!({"observe_mode": "OBSERVE"}),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
+    patch(
+        &s,
+        "/v1/admin/tenants/t-enforce",
+        json!({"observe_mode": "SOMETIMES"}),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
+    let r = s
+        .get("/v1/admin/tenants?observe_mode=OBSERVE", As::Admin)
+        .await;
+    assert_eq!(
+        r.expect(200, None)["tenants"].as_array().map(Vec::len),
+        Some(2),
+        "the filter is ignored"
+    );
+
+    let policy = |extra: Value| {
+        let mut p = json!({"tenant_id": "acme", "name": "p", "scope_pattern": "tenant:acme/*"});
+        if let Value::Object(extra) = extra {
+            for (k, v) in extra {
+                p[k] = v;
+            }
+        }
+        p
+    };
+    let r = s
+        .post(
+            "/v1/admin/policies",
+            As::Admin,
+            policy(json!({"action_quotas": [], "risk_class_quotas": [],
+        "allowed_action_kinds": [], "denied_action_kinds": []})),
+        )
+        .await;
+    let policy_id = r.expect(201, None)["policy_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    for field in ["action_quotas", "risk_class_quotas"] {
+        let body = policy(
+            json!({field: [{"action_kind": "http.post", "max_calls": 5, "window": "per_minute_tumbling"}]}),
+        );
+        let r = s.post("/v1/admin/policies", As::Admin, body).await;
+        r.expect(400, Some("INVALID_REQUEST"));
+        assert!(
+            r.body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(field),
+            "{}",
+            r.body
+        );
+    }
+    let path = format!("/v1/admin/policies/{policy_id}");
+    patch(&s, &path, json!({"denied_action_kinds": []}))
+        .await
+        .expect(200, None);
+    patch(&s, &path, json!({"allowed_action_kinds": ["http.get"]}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
     s.stop().await;
 }
