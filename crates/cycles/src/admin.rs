@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use protocol::api_key::ApiKeyCreateRequest;
+use protocol::api_key::{ApiKeyCreateRequest, ApiKeyUpdateRequest};
 use protocol::budget::{BudgetCreateRequest, BudgetFundingRequest};
 use protocol::tenant::TenantCreateRequest;
 use protocol::{Amount, WirePolicy, WireUnit};
@@ -11,6 +11,7 @@ use serde::de::{DeserializeOwned, IntoDeserializer};
 use serde_json::Value;
 
 use crate::client::{q, Client, Target, NO_BODY};
+use crate::table::{self, Column};
 
 #[derive(Args)]
 pub struct AdminArgs {
@@ -31,6 +32,28 @@ enum What {
     /// Budgets.
     #[command(subcommand)]
     Budget(BudgetCmd),
+    /// Counts of tenants and budgets by state, and the largest debts.
+    Overview,
+}
+
+/// The filters and order every list takes, passed to the server as query parameters.
+#[derive(Args)]
+struct ListArgs {
+    /// Case-insensitive substring (ids and names).
+    #[arg(long)]
+    search: Option<String>,
+    /// The field to sort by (the server's `sort_by` values).
+    #[arg(long)]
+    sort_by: Option<String>,
+    /// Ascending instead of descending (with --sort-by).
+    #[arg(long)]
+    asc: bool,
+    /// Most rows to show (pages are followed up to this many).
+    #[arg(long, default_value_t = 1_000)]
+    limit: usize,
+    /// JSON (the server's whole rows) even on a terminal.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -42,6 +65,17 @@ enum TenantCmd {
         id: String,
         #[arg(long)]
         name: String,
+    },
+    /// List tenants.
+    List {
+        /// ACTIVE, SUSPENDED or CLOSED.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only the children of this tenant.
+        #[arg(long)]
+        parent: Option<String>,
+        #[command(flatten)]
+        list: ListArgs,
     },
 }
 
@@ -56,6 +90,31 @@ enum KeyCmd {
         /// A permission to grant (repeatable). Default: the spec's default set.
         #[arg(long = "permission")]
         permissions: Vec<String>,
+    },
+    /// List API keys (never their secrets).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// ACTIVE, REVOKED or EXPIRED.
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Change an ACTIVE key's name, description, permissions or scope filter.
+    Update {
+        #[arg(long)]
+        key_id: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+        /// The key's new permissions (repeatable): they replace the old ones.
+        #[arg(long = "permission")]
+        permissions: Vec<String>,
+        /// The key's new scope filter (repeatable): it replaces the old one.
+        #[arg(long = "scope-filter")]
+        scope_filter: Vec<String>,
     },
     /// Revoke an API key: it stops working at once.
     Revoke {
@@ -96,6 +155,25 @@ enum BudgetCmd {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// List budgets.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        scope_prefix: Option<String>,
+        /// ACTIVE, FROZEN or CLOSED.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        over_limit: Option<bool>,
+        #[arg(long)]
+        has_debt: Option<bool>,
+        /// At least this utilization (spent / allocated), 0 to 1.
+        #[arg(long)]
+        utilization_min: Option<f64>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
     /// Show a budget.
     Show {
         #[arg(long)]
@@ -118,10 +196,138 @@ fn scope_tenant(scope: &str) -> anyhow::Result<String> {
         .context("a budget scope starts with tenant:<id>")
 }
 
+const TENANT_COLUMNS: &[Column] = &[
+    ("TENANT", "/tenant_id"),
+    ("NAME", "/name"),
+    ("STATUS", "/status"),
+    ("PARENT", "/parent_tenant_id"),
+    ("CREATED", "/created_at"),
+];
+
+const KEY_COLUMNS: &[Column] = &[
+    ("KEY", "/key_id"),
+    ("TENANT", "/tenant_id"),
+    ("NAME", "/name"),
+    ("STATUS", "/status"),
+    ("PERMISSIONS", "/permissions"),
+    ("EXPIRES", "/expires_at"),
+];
+
+const BUDGET_COLUMNS: &[Column] = &[
+    ("SCOPE", "/scope"),
+    ("UNIT", "/unit"),
+    ("STATUS", "/status"),
+    ("ALLOCATED", "/allocated/amount"),
+    ("REMAINING", "/remaining/amount"),
+    ("SPENT", "/spent/amount"),
+    ("DEBT", "/debt/amount"),
+];
+
+/// Every row of a list endpoint, following `next_cursor` until `limit` rows or the end.
+fn list_all(
+    client: &Client,
+    path: &str,
+    mut query: Vec<(&str, String)>,
+    rows_field: &str,
+    list: &ListArgs,
+) -> anyhow::Result<Vec<Value>> {
+    query.extend(list.search.clone().map(|s| ("search", s)));
+    if let Some(sort_by) = &list.sort_by {
+        query.push(("sort_by", sort_by.clone()));
+        query.push(("sort_dir", if list.asc { "asc" } else { "desc" }.into()));
+    }
+    query.push(("limit", "100".into()));
+    let mut rows = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut params = query.clone();
+        params.extend(cursor.take().map(|c| ("cursor", c)));
+        let encoded: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", q(v)))
+            .collect();
+        let page: Value = client.call(
+            Method::GET,
+            &format!("{path}?{}", encoded.join("&")),
+            NO_BODY,
+        )?;
+        rows.extend(page[rows_field].as_array().cloned().unwrap_or_default());
+        cursor = page["next_cursor"].as_str().map(str::to_string);
+        if rows.len() >= list.limit || cursor.is_none() {
+            rows.truncate(list.limit);
+            return Ok(rows);
+        }
+    }
+}
+
+/// The query parameters that are set.
+fn params<'a>(pairs: &[(&'a str, Option<String>)]) -> Vec<(&'a str, String)> {
+    pairs
+        .iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (*k, v)))
+        .collect()
+}
+
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.target)?;
     // The answer is shown whole: every field the server sent, not a response type's view.
     let out: Value = match args.what {
+        What::Tenant(TenantCmd::List {
+            status,
+            parent,
+            list,
+        }) => {
+            let query = params(&[("status", status), ("parent_tenant_id", parent)]);
+            let rows = list_all(&client, "/v1/admin/tenants", query, "tenants", &list)?;
+            return table::print(&rows, TENANT_COLUMNS, list.json);
+        }
+        What::Key(KeyCmd::List {
+            tenant,
+            status,
+            list,
+        }) => {
+            let query = params(&[("tenant_id", tenant), ("status", status)]);
+            let rows = list_all(&client, "/v1/admin/api-keys", query, "keys", &list)?;
+            return table::print(&rows, KEY_COLUMNS, list.json);
+        }
+        What::Budget(BudgetCmd::List {
+            tenant,
+            scope_prefix,
+            status,
+            over_limit,
+            has_debt,
+            utilization_min,
+            list,
+        }) => {
+            let query = params(&[
+                ("tenant_id", tenant),
+                ("scope_prefix", scope_prefix),
+                ("status", status),
+                ("over_limit", over_limit.map(|b| b.to_string())),
+                ("has_debt", has_debt.map(|b| b.to_string())),
+                ("utilization_min", utilization_min.map(|u| u.to_string())),
+            ]);
+            let rows = list_all(&client, "/v1/admin/budgets", query, "ledgers", &list)?;
+            return table::print(&rows, BUDGET_COLUMNS, list.json);
+        }
+        What::Key(KeyCmd::Update {
+            key_id,
+            name,
+            description,
+            permissions,
+            scope_filter,
+        }) => {
+            let request = ApiKeyUpdateRequest {
+                name,
+                description,
+                permissions: (!permissions.is_empty()).then_some(permissions),
+                scope_filter: (!scope_filter.is_empty()).then_some(scope_filter),
+                metadata: None,
+            };
+            let path = format!("/v1/admin/api-keys/{}", q(&key_id));
+            client.call(Method::PATCH, &path, Some(&request))?
+        }
+        What::Overview => client.call(Method::GET, "/v1/admin/overview", NO_BODY)?,
         What::Tenant(TenantCmd::Create { id, name }) => client.call(
             Method::POST,
             "/v1/admin/tenants",

@@ -4,6 +4,7 @@ mod admin;
 mod client;
 mod quickstart;
 mod serve;
+mod table;
 mod verify;
 
 use std::path::PathBuf;

@@ -235,17 +235,22 @@ impl RevokeParams {
 /// `ApiKeyUpdateRequest`: the body of `PATCH /v1/admin/api-keys/{key_id}`. Only the fields
 /// present change; permissions and the scope filter are replaced whole. The tenant, the
 /// expiry and the status cannot change (revoke and issue a new key instead).
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = ApiKeyUpdateRequest, description = "A partial update of an ACTIVE API key.")]
 pub struct ApiKeyUpdateRequest {
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(min_length = 1, max_length = 256)]
     pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 1024)]
     pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<PermissionSchema>>)]
     pub permissions: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub scope_filter: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
 }

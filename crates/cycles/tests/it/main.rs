@@ -1,3 +1,5 @@
 //! The `cycles` binary's integration tests, in one binary.
 
+mod admin_cli;
 mod crash;
+mod process;

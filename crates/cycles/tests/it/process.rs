@@ -1,0 +1,116 @@
+//! The `cycles` binary as a process: started on a data directory and a free port, stopped
+//! by signal.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const ADMIN_KEY: &str = "process-test-admin-key";
+
+/// A running `cycles serve`; killed if still running when dropped (a failed test must not
+/// leave it behind).
+pub struct Server {
+    child: Child,
+    pub base: String,
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+impl Server {
+    /// Starts the server on `data_dir` and waits until its health probe answers 200. The
+    /// port is picked by binding port 0 and letting go, so another process may take it in
+    /// between: a start whose process exits early is retried on another port.
+    pub async fn start(data_dir: &Path, logs: &Path) -> Server {
+        let http = client();
+        for attempt in 0..3 {
+            let port = free_port();
+            let log = logs.join(format!("serve-{port}.log"));
+            let mut child = Command::new(env!("CARGO_BIN_EXE_cycles"))
+                .arg("serve")
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .arg("--data-dir")
+                .arg(data_dir)
+                .args(["--admin-api-key", ADMIN_KEY, "--durability", "strict"])
+                // The smallest snapshot threshold, so crashes also land around rotations
+                // and background snapshots.
+                .args(["--snapshot-after-mib", "1", "--log", "info"])
+                .stdout(Stdio::null())
+                .stderr(File::create(&log).expect("log file"))
+                .spawn()
+                .expect("spawn cycles serve");
+            let base = format!("http://127.0.0.1:{port}");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Some(status) = child.try_wait().expect("try_wait") {
+                    let output = std::fs::read_to_string(&log).unwrap_or_default();
+                    eprintln!("cycles serve exited with {status} (attempt {attempt}):\n{output}");
+                    break;
+                }
+                let health = http.get(format!("{base}/actuator/health")).send().await;
+                if health.is_ok_and(|r| r.status() == 200) {
+                    return Server { child, base };
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("cycles serve did not become healthy");
+    }
+
+    /// SIGKILL: no chance to flush anything or say goodbye.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("wait");
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn signal_term(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits for the process to exit on its own.
+    pub async fn wait_exit(mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM, then waits: a graceful stop must exit 0.
+    pub async fn terminate(self) {
+        self.signal_term();
+        let status = self.wait_exit().await;
+        assert!(status.success(), "graceful stop exited with {status}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("http client")
+}
