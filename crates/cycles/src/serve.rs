@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use server::{BoundServer, RateLimit, ServerOptions};
+use server::{BoundServer, Dashboard, RateLimit, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 use store::SystemClock;
 
@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Serve /metrics without the admin key (for scrapers that cannot send headers).
     #[arg(long, env = "CYCLES_PUBLIC_METRICS")]
     public_metrics: bool,
+    /// A build of the operator dashboard (its `dist` directory, holding `index.html`) to serve
+    /// at `/` on the same listener as the API.
+    #[arg(long, env = "CYCLES_DASHBOARD_DIR")]
+    dashboard_dir: Option<PathBuf>,
     /// Log filter (e.g. info, debug, server=debug).
     #[arg(long, env = "CYCLES_LOG", default_value = "info")]
     log: String,
@@ -94,6 +98,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         DurabilityArg::Strict => Durability::Strict,
         DurabilityArg::None => Durability::None,
     };
+    // Checked before the store is opened: a wrong path fails at once, not after recovery.
+    let dashboard = args
+        .dashboard_dir
+        .as_deref()
+        .map(Dashboard::open)
+        .transpose()
+        .context("--dashboard-dir / CYCLES_DASHBOARD_DIR")?;
     let (admin_api_key, admin_key_note) = admin_key(&args.data_dir, args.admin_api_key)?;
     let mut config = EmbeddedConfig::new(&args.data_dir, durability, Arc::new(SystemClock));
     config.snapshot_after_bytes = args.snapshot_after_mib.max(1) << 20;
@@ -119,6 +130,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .max(1.0),
         }),
         public_metrics: args.public_metrics,
+        dashboard,
     };
     let bound = BoundServer::bind(store, options)
         .await
@@ -131,6 +143,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         durability.as_str(),
         args.data_dir.display()
     )?;
+    if let Some(dir) = &args.dashboard_dir {
+        writeln!(
+            out,
+            "Dashboard: http://{addr}/ (from {}; log in with the admin key)",
+            dir.display()
+        )?;
+    }
     writeln!(out, "{admin_key_note}")?;
     writeln!(
         out,

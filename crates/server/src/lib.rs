@@ -17,7 +17,7 @@
 //!    `correlation`.
 //! 4. What knows nothing of the application: `auth` (credentials), `load` (requests in
 //!    flight), `jobs` (the expiry sweep: the store and its counters), `reply`, `query`,
-//!    `ids`, `openapi`, `alloc_count`.
+//!    `ids`, `openapi`, `dashboard` (the operator dashboard's files), `alloc_count`.
 //!
 //! This root wires them together. A test checks what it can of the rule: only `routes` uses
 //! `app`, nothing uses `routes`, and there is no cycle.
@@ -27,6 +27,7 @@ pub mod alloc_count;
 mod app;
 mod auth;
 pub mod correlation;
+mod dashboard;
 mod ids;
 mod jobs;
 mod load;
@@ -47,6 +48,7 @@ use store::{Engine, Store};
 use tokio::net::TcpListener;
 
 pub use app::App;
+pub use dashboard::Dashboard;
 pub use ids::new_key_secret;
 pub use ratelimit::RateLimit;
 
@@ -62,6 +64,8 @@ pub struct ServerOptions {
     pub rate_limit: Option<RateLimit>,
     /// Serve `/metrics` without the admin key.
     pub public_metrics: bool,
+    /// A dashboard build to serve on the same listener; `None` serves only the API.
+    pub dashboard: Option<Dashboard>,
 }
 
 /// A server bound to its address, ready to run.
@@ -70,6 +74,7 @@ pub struct BoundServer {
     app: Arc<App>,
     sweep_interval: Duration,
     rate_limit: Option<RateLimit>,
+    dashboard: Option<Dashboard>,
 }
 
 impl BoundServer {
@@ -84,6 +89,7 @@ impl BoundServer {
             )),
             sweep_interval: options.sweep_interval,
             rate_limit: options.rate_limit,
+            dashboard: options.dashboard,
         })
     }
 
@@ -99,7 +105,7 @@ impl BoundServer {
             self.app.sweep_counters().clone(),
             self.sweep_interval,
         );
-        let router = routes::router(self.app.clone(), self.rate_limit);
+        let router = routes::router(self.app.clone(), self.rate_limit, self.dashboard);
         let listener = self.listener.tap_io(|tcp| {
             // Replies are small and latency-bound: do not wait to coalesce them.
             let _ = tcp.set_nodelay(true);

@@ -20,6 +20,7 @@ mod tenants;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::handler::Handler;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
@@ -29,10 +30,15 @@ use utoipa_axum::routes;
 
 use crate::app::App;
 use crate::correlation::{self, Correlation};
+use crate::dashboard::{self, Dashboard};
 use crate::openapi;
 use crate::ratelimit::{self, Limiter, RateLimit};
 
-pub fn router(app: Arc<App>, rate_limit: Option<RateLimit>) -> Router {
+pub fn router(
+    app: Arc<App>,
+    rate_limit: Option<RateLimit>,
+    dashboard: Option<Dashboard>,
+) -> Router {
     let api: Router<Arc<App>> = api_routes().into();
     let api = match rate_limit {
         Some(limit) => api.layer(middleware::from_fn_with_state(
@@ -41,9 +47,15 @@ pub fn router(app: Arc<App>, rate_limit: Option<RateLimit>) -> Router {
         )),
         None => api,
     };
-    Router::from(public_routes())
+    let router = Router::from(public_routes())
         .merge(api)
-        .merge(openapi::ui())
+        .merge(openapi::ui());
+    // The fallback answers only what no route matched, so the dashboard never shadows the API.
+    let router = match dashboard {
+        Some(files) => router.fallback_service(dashboard::serve.with_state(files)),
+        None => router,
+    };
+    router
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(app.clone(), every_request))
         .with_state(app)

@@ -9,6 +9,7 @@ mod common;
 
 mod admin;
 mod concurrency;
+mod dashboard;
 mod errors;
 mod expiry;
 mod governance;

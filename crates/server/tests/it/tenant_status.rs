@@ -230,7 +230,7 @@ async fn rate_limit_answers_429_with_retry_after(engine: Engine) {
         per_second: 1.0,
         burst: 5.0,
     };
-    let s = TestServer::start_with(engine, Some(limit)).await;
+    let s = TestServer::start_with(engine, |o| o.rate_limit = Some(limit)).await;
     let key = s.setup("acme", 1_000).await;
     let other = s.key("acme").await;
     // The setup calls used the admin key's bucket (4 of 5); each tenant key starts full.

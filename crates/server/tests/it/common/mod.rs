@@ -147,21 +147,23 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(engine: Engine) -> Self {
-        Self::start_with(engine, None).await
+        Self::start_with(engine, |_| {}).await
     }
 
-    /// A server with a per-key rate limit.
-    pub async fn start_with(engine: Engine, rate_limit: Option<server::RateLimit>) -> Self {
+    /// A server whose options `configure` changes from the defaults (a rate limit, say).
+    pub async fn start_with(engine: Engine, configure: impl FnOnce(&mut ServerOptions)) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(ManualClock::new(T0));
         let store = engine.open(dir.path(), clock.clone());
-        let options = ServerOptions {
+        let mut options = ServerOptions {
             listen: "127.0.0.1:0".parse().expect("addr"),
             admin_api_key: ADMIN_KEY.into(),
             sweep_interval: Duration::from_millis(20),
-            rate_limit,
+            rate_limit: None,
             public_metrics: false,
+            dashboard: None,
         };
+        configure(&mut options);
         let bound = BoundServer::bind(store, options).await.expect("bind");
         let base = format!("http://{}", bound.local_addr().expect("addr"));
         let (tx, rx) = oneshot::channel::<()>();
