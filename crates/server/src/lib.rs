@@ -16,7 +16,7 @@
 //! 3. `metrics` (the request counters and the rendering of `/metrics`), `ratelimit`,
 //!    `correlation`.
 //! 4. What knows nothing of the application: `auth` (credentials), `load` (requests in
-//!    flight), `jobs` (the expiry sweep: the store and its counters), `reply`, `query`,
+//!    flight), `jobs` (the expiry sweep: the store and its counters), `reply`,
 //!    `ids`, `openapi`, `dashboard` (the operator dashboard's files), `alloc_count`.
 //!
 //! This root wires them together. A test checks what it can of the rule: only `routes` uses
