@@ -36,10 +36,22 @@ RUNTIME_ROUTES: list[tuple[str, str, int, str]] = [
     ("GET", r"/v1/reservations/[^/]+", 200, "ReservationDetail"),
 ]
 ADMIN_ROUTES: list[tuple[str, str, int, str]] = [
+    ("POST", r"/v1/admin/tenants/bulk-action", 200, "TenantBulkActionResponse"),
     ("POST", r"/v1/admin/tenants", 201, "Tenant"),
+    ("GET", r"/v1/admin/tenants", 200, "TenantListResponse"),
+    ("GET", r"/v1/admin/tenants/[^/]+", 200, "Tenant"),
+    ("PATCH", r"/v1/admin/tenants/[^/]+", 200, "Tenant"),
     ("POST", r"/v1/admin/api-keys", 201, "ApiKeyCreateResponse"),
+    ("GET", r"/v1/admin/api-keys", 200, "ApiKeyListResponse"),
+    ("PATCH", r"/v1/admin/api-keys/[^/]+", 200, "ApiKey"),
+    ("DELETE", r"/v1/admin/api-keys/[^/]+", 200, "ApiKey"),
+    ("POST", r"/v1/admin/budgets/bulk-action", 200, "BudgetBulkActionResponse"),
     ("POST", r"/v1/admin/budgets", 201, "BudgetLedger"),
+    ("GET", r"/v1/admin/budgets", 200, "BudgetListResponse"),
     ("GET", r"/v1/admin/budgets/lookup", 200, "BudgetLedger"),
+    ("GET", r"/v1/auth/introspect", 200, "AuthIntrospectResponse"),
+    ("POST", r"/v1/auth/validate", 200, "ApiKeyValidationResponse"),
+    ("GET", r"/v1/admin/overview", 200, "AdminOverviewResponse"),
 ]
 
 
