@@ -350,6 +350,11 @@ impl Admin {
         Ok(budget.reserved.amount)
     }
 
+    /// A GET that must answer 200 (the governance list cells).
+    pub async fn get_ok(&mut self, path: &str) -> anyhow::Result<()> {
+        self.conn.get(path).await?.expect(200).map(drop)
+    }
+
     /// The Prometheus text of `/metrics`, or `None` when the server has none for us.
     pub async fn metrics(&mut self) -> anyhow::Result<Option<String>> {
         let reply: Reply = self.conn.get("/metrics").await?;

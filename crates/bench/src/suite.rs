@@ -31,6 +31,12 @@ const FANOUT_ALLOCATED: i64 = 1_000_000_000_000;
 const SORTED_QUERY: &str = "limit=20&sort_by=created_at_ms&sort_dir=desc";
 /// List populations above this are built after the trials (see the module comment).
 const LARGE_ROWS: u64 = 10_000;
+/// Tenants, each with a root budget, behind the governance list cells: an operator's
+/// inventory, built once in the first trial.
+const INVENTORY_TENANTS: usize = 1_000;
+/// The budget list cell: a filter that keeps most budgets and the dashboard's default sort.
+const BUDGET_LIST_QUERY: &str =
+    "/v1/admin/budgets?has_debt=false&utilization_max=0.5&sort_by=utilization&limit=50";
 
 /// The resolved settings of one run.
 #[derive(Debug, Clone)]
@@ -403,6 +409,23 @@ impl Suite {
             rt.list("limit=10", Some(10)).await
         })
         .await;
+        if trial == 1 {
+            self.inventory().await?;
+        }
+        let mut admin = Admin::new(&self.target, &self.cfg.admin_key);
+        let tenants = format!(
+            "/v1/admin/tenants?search=bench-{}-inv-&sort_by=name&sort_dir=asc&limit=50",
+            self.run_id
+        );
+        self.case(r("LIST tenants (search, by name)"), &mut async |_| {
+            admin.get_ok(&tenants).await
+        })
+        .await;
+        self.case(
+            r("LIST budgets (filtered, by utilization)"),
+            &mut async |_| admin.get_ok(BUDGET_LIST_QUERY).await,
+        )
+        .await;
         // The reference's second Decide cell ("Decide (pipelined)"): the same request,
         // measured in the read class. Decide records its idempotency key, so it is a write.
         let decide = CaseMeta::new("Decide (read class)", Class::Read, 1, 1);
@@ -428,6 +451,20 @@ impl Suite {
 
     /// A tenant holding `rows` ACTIVE reservations, created through the API by concurrent
     /// clients (the user's path), timed as a fixture.
+    /// [`INVENTORY_TENANTS`] tenants with a root budget each, for the governance lists.
+    async fn inventory(&mut self) -> anyhow::Result<()> {
+        let phase = self
+            .progress
+            .phase("fixture tenant inventory", INVENTORY_TENANTS as u64);
+        for i in 0..INVENTORY_TENANTS {
+            self.funded_tenant(&format!("inv-{i:04}"), ALLOCATED)
+                .await?;
+            phase.inc(1);
+        }
+        phase.finish();
+        Ok(())
+    }
+
     async fn list_population(&mut self, rows: u64) -> anyhow::Result<()> {
         let label = rows_label(rows);
         let tenant = self
