@@ -23,6 +23,7 @@ engine_tests!(
     tenant_bulk_action_safety,
     budget_bulk_actions_row_by_row,
     extension_fields_are_ignored_or_refused_safely,
+    default_key_expiry_is_what_the_document_says,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -1533,5 +1534,29 @@ async fn extension_fields_are_ignored_or_refused_safely(engine: Engine) {
     patch(&s, &path, json!({"allowed_action_kinds": ["http.get"]}))
         .await
         .expect(400, Some("INVALID_REQUEST"));
+    s.stop().await;
+}
+
+/// A key created without `expires_at` expires 90 days after its creation, and the served
+/// document says so.
+async fn default_key_expiry_is_what_the_document_says(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("acme").await;
+    let r = s
+        .post(
+            "/v1/admin/api-keys",
+            As::Admin,
+            json!({"tenant_id": "acme", "name": "k"}),
+        )
+        .await;
+    let k = r.expect(201, None);
+    let at = |field: &str| protocol::parse_rfc3339(k[field].as_str().expect(field)).expect(field);
+    assert_eq!(at("expires_at") - at("created_at"), 90 * DAY_MS);
+    let doc = s.get("/openapi.json", As::Nobody).await;
+    let schema = &doc.expect(200, None)["components"]["schemas"]["ApiKeyCreateRequest"];
+    let said = schema["properties"]["expires_at"]["description"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(said.contains("90 days"), "{said}");
     s.stop().await;
 }
