@@ -4,14 +4,13 @@ use std::borrow::Cow;
 
 use ledger::{
     Actor, ApiKey, ApiKeyListQuery, ApiKeySort, ApiKeyStatus, ListApiKeys, Permission, SortedPage,
-    Window,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{metadata_raw, metadata_text, Metadata};
-use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
+use crate::cursor::{next_sorted_cursor, Binding, SortedRequest};
 use crate::schema::{
     ApiKeySortBy, ApiKeyStatus as KeyStatusSchema, Permission as PermissionSchema, SortDirection,
 };
@@ -320,24 +319,16 @@ impl ApiKeyListParams {
             .as_deref()
             .map(|s| parse_wire::<ApiKeyStatus>("status", s))
             .transpose()?;
-        let sort_by = self
-            .sort_by
-            .as_deref()
-            .map(|s| parse_wire::<ApiKeySort>("sort_by", s))
-            .transpose()?
-            .unwrap_or(ApiKeySort::CreatedAt);
-        let descending = descending(self.sort_dir.as_deref())?;
-        let binding = Binding {
-            sort_by: sort_by.wire_name(),
-            descending,
+        let order = SortedRequest {
+            sort_by: self.sort_by.as_deref(),
+            default: ApiKeySort::CreatedAt,
+            sort_dir: self.sort_dir.as_deref(),
+            cursor: self.cursor.as_deref(),
+            limit: self.limit.unwrap_or_default().0,
             filters: format!("{:?}|{status:?}|{:?}", self.tenant_id, self.search),
-        };
-        let text = matches!(sort_by, ApiKeySort::Name | ApiKeySort::TenantId);
-        let after = self
-            .cursor
-            .as_deref()
-            .map(|raw| decode_sorted_cursor(raw, &binding, text))
-            .transpose()?;
+            text: |s| matches!(s, ApiKeySort::Name | ApiKeySort::TenantId),
+        }
+        .parse()?;
         Ok(ApiKeyList {
             operation: ListApiKeys {
                 actor,
@@ -345,15 +336,11 @@ impl ApiKeyListParams {
                     tenant_id: self.tenant_id,
                     status,
                     search: self.search.0,
-                    sort_by,
-                    window: Window {
-                        descending,
-                        after,
-                        limit: self.limit.unwrap_or_default().0,
-                    },
+                    sort_by: order.sort_by,
+                    window: order.window,
                 },
             },
-            binding,
+            binding: order.binding,
         })
     }
 }
@@ -370,11 +357,7 @@ pub struct ApiKeyListResponse {
 
 impl ApiKeyListResponse {
     pub fn new(list: &ApiKeyList, page: SortedPage<ApiKey>) -> Self {
-        let next_cursor = page
-            .page
-            .has_more
-            .then(|| page.last.map(|p| encode_sorted_cursor(&list.binding, p)))
-            .flatten();
+        let next_cursor = next_sorted_cursor(&list.binding, &page);
         ApiKeyListResponse {
             keys: page
                 .page

@@ -4,13 +4,13 @@ use std::borrow::Cow;
 
 use ledger::{
     Actor, Budget, BudgetFilter, BudgetListQuery, BudgetOrder, BudgetSort, BudgetStatus,
-    FundResult, FundingOp, Idempotency, ListBudgets, RolloverPolicy, SortedPage, Unit, Window,
+    FundResult, FundingOp, Idempotency, ListBudgets, RolloverPolicy, SortedPage, Unit,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{metadata_text, Metadata};
-use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
+use crate::cursor::{descending, next_sorted_cursor, Binding, SortedRequest};
 use crate::schema::{
     BudgetSortBy, BudgetStatus as BudgetStatusSchema, FundingOperation,
     RolloverPolicy as RolloverSchema, SignedAmount, SortDirection,
@@ -18,9 +18,8 @@ use crate::schema::{
 use crate::tenant::check_tenant_id;
 use crate::validate::{idempotency_key, len_between, max_len, parse_enum, timestamp};
 use crate::{
-    decode_budget_cursor, encode_budget_cursor, fingerprint, format_rfc3339, parse_rfc3339,
-    parse_wire, Amount, ApiError, ClampedLimit, ErrorCode, Search, Validate, WireName, WirePolicy,
-    WireUnit,
+    decode_budget_cursor, encode_budget_cursor, fingerprint, format_rfc3339, parse_rfc3339, Amount,
+    ApiError, ClampedLimit, ErrorCode, Search, Validate, WireName, WirePolicy, WireUnit,
 };
 
 fn same_unit(field: &str, amount: &Amount, unit: WireUnit) -> Result<(), ApiError> {
@@ -392,13 +391,13 @@ pub struct BudgetListResponse {
 impl BudgetListResponse {
     pub fn new(list: &BudgetList, page: SortedPage<Budget>) -> Self {
         let next_cursor = match &list.binding {
-            _ if !page.page.has_more => None,
-            Some(binding) => page.last.map(|p| encode_sorted_cursor(binding, p)),
-            None => page
+            Some(binding) => next_sorted_cursor(binding, &page),
+            None if page.page.has_more => page
                 .page
                 .items
                 .last()
                 .map(|b| encode_budget_cursor(&b.scope, b.unit)),
+            None => None,
         };
         BudgetListResponse {
             ledgers: page
@@ -488,12 +487,6 @@ impl BudgetListParams {
                 ));
             }
         }
-        let sort_by = self
-            .sort_by
-            .as_deref()
-            .map(|s| parse_wire::<BudgetSort>("sort_by", s))
-            .transpose()?;
-        let descending = descending(self.sort_dir.as_deref())?;
         let limit = self.limit.unwrap_or_default().0;
         let filters = format!(
             "{:?}|{:?}|{:?}|{status:?}|{:?}|{:?}|{min:?}|{max:?}|{:?}",
@@ -504,8 +497,9 @@ impl BudgetListParams {
             self.has_debt,
             self.search
         );
-        let (order, binding) = match sort_by {
+        let (order, binding) = match self.sort_by.as_deref() {
             None => {
+                descending(self.sort_dir.as_deref())?;
                 let after = self
                     .cursor
                     .as_deref()
@@ -513,24 +507,19 @@ impl BudgetListParams {
                     .transpose()?;
                 (BudgetOrder::Address { after, limit }, None)
             }
-            Some(sort_by) => {
-                let binding = Binding {
-                    sort_by: sort_by.wire_name(),
-                    descending,
-                    filters,
-                };
-                let text = matches!(sort_by, BudgetSort::TenantId | BudgetSort::Scope);
-                let after = self
-                    .cursor
-                    .as_deref()
-                    .map(|raw| decode_sorted_cursor(raw, &binding, text))
-                    .transpose()?;
-                let window = Window {
-                    descending,
-                    after,
+            sort_by => {
+                let order = SortedRequest {
+                    sort_by,
+                    default: BudgetSort::Utilization,
+                    sort_dir: self.sort_dir.as_deref(),
+                    cursor: self.cursor.as_deref(),
                     limit,
-                };
-                (BudgetOrder::Sorted { sort_by, window }, Some(binding))
+                    filters,
+                    text: |s| matches!(s, BudgetSort::TenantId | BudgetSort::Scope),
+                }
+                .parse()?;
+                let (sort_by, window) = (order.sort_by, order.window);
+                (BudgetOrder::Sorted { sort_by, window }, Some(order.binding))
             }
         };
         Ok(BudgetList {

@@ -14,6 +14,17 @@ use crate::schema::{
 use crate::validate::{len_between, max_len};
 use crate::{fingerprint, parse_wire, Amount, ApiError, Validate, WireUnit};
 
+/// What the bulk actions' requests share: the fields the response echoes, and the ledger
+/// operation a validated request becomes.
+pub trait BulkRequest: serde::de::DeserializeOwned + Validate {
+    type Operation;
+
+    /// The `action` and `idempotency_key` the response echoes.
+    fn echo(&self) -> (String, String);
+
+    fn into_operation(self, actor: Actor) -> Result<Self::Operation, ApiError>;
+}
+
 /// The spec's search bound, for bodies as for queries.
 const MAX_SEARCH: usize = 128;
 
@@ -100,9 +111,14 @@ impl Validate for TenantBulkActionRequest {
     }
 }
 
-impl TenantBulkActionRequest {
-    /// The validated request as the ledger's operation.
-    pub fn into_operation(self, actor: Actor) -> Result<BulkTenants, ApiError> {
+impl BulkRequest for TenantBulkActionRequest {
+    type Operation = BulkTenants;
+
+    fn echo(&self) -> (String, String) {
+        (self.action.clone(), self.idempotency_key.clone())
+    }
+
+    fn into_operation(self, actor: Actor) -> Result<BulkTenants, ApiError> {
         let idem = Idempotency {
             key: self.idempotency_key.as_str().into(),
             fingerprint: fingerprint(&self),
@@ -237,9 +253,14 @@ impl Validate for BudgetBulkActionRequest {
     }
 }
 
-impl BudgetBulkActionRequest {
-    /// The validated request as the ledger's operation.
-    pub fn into_operation(self, actor: Actor) -> Result<BulkBudgets, ApiError> {
+impl BulkRequest for BudgetBulkActionRequest {
+    type Operation = BulkBudgets;
+
+    fn echo(&self) -> (String, String) {
+        (self.action.clone(), self.idempotency_key.clone())
+    }
+
+    fn into_operation(self, actor: Actor) -> Result<BulkBudgets, ApiError> {
         let idem = Idempotency {
             key: self.idempotency_key.as_str().into(),
             fingerprint: fingerprint(&self),

@@ -1,10 +1,10 @@
 //! Opaque cursors: for pages ordered by `(scope, unit)`, and for sorted lists.
 
-use ledger::{Position, SortValue, Unit};
+use ledger::{Position, SortValue, SortedPage, Unit, Window};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::ApiError;
+use crate::{parse_wire, ApiError, WireName};
 
 pub fn encode_budget_cursor(scope: &str, unit: Unit) -> String {
     hex::encode(format!("{scope}\n{}", unit.as_str()))
@@ -90,4 +90,62 @@ pub(crate) fn descending(sort_dir: Option<&str>) -> Result<bool, ApiError> {
         Some("asc") => Ok(false),
         Some(_) => Err(ApiError::invalid("sort_dir: must be asc or desc")),
     }
+}
+
+/// A sorted list's order as its query asks for it: the field, the page's window and the
+/// binding its cursors carry.
+pub(crate) struct SortedOrder<S> {
+    pub sort_by: S,
+    pub window: Window,
+    pub binding: Binding<'static>,
+}
+
+/// The request of a sorted list: its `sort_by` (or `default`), `sort_dir`, `cursor` and
+/// `limit`, and `filters` (rendered to bind its cursors). `text` says which fields sort as
+/// text.
+pub(crate) struct SortedRequest<'a, S> {
+    pub sort_by: Option<&'a str>,
+    pub default: S,
+    pub sort_dir: Option<&'a str>,
+    pub cursor: Option<&'a str>,
+    pub limit: usize,
+    pub filters: String,
+    pub text: fn(S) -> bool,
+}
+
+impl<S: WireName> SortedRequest<'_, S> {
+    pub fn parse(self) -> Result<SortedOrder<S>, ApiError> {
+        let sort_by = self
+            .sort_by
+            .map(|s| parse_wire::<S>("sort_by", s))
+            .transpose()?
+            .unwrap_or(self.default);
+        let descending = descending(self.sort_dir)?;
+        let binding = Binding {
+            sort_by: sort_by.wire_name(),
+            descending,
+            filters: self.filters,
+        };
+        let after = self
+            .cursor
+            .map(|raw| decode_sorted_cursor(raw, &binding, (self.text)(sort_by)))
+            .transpose()?;
+        Ok(SortedOrder {
+            sort_by,
+            window: Window {
+                descending,
+                after,
+                limit: self.limit,
+            },
+            binding,
+        })
+    }
+}
+
+/// The cursor of the page after `page`, when there is one.
+pub(crate) fn next_sorted_cursor<T>(binding: &Binding, page: &SortedPage<T>) -> Option<String> {
+    if !page.page.has_more {
+        return None;
+    }
+    page.last.clone().map(|p| encode_sorted_cursor(binding, p))
 }

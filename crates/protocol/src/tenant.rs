@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 
 use ledger::{
     Actor, ExpiryPolicy, ListTenants, SortedPage, Tenant, TenantFilter, TenantListQuery,
-    TenantSort, TenantStatus, Window,
+    TenantSort, TenantStatus,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
+use crate::cursor::{next_sorted_cursor, Binding, SortedRequest};
 use crate::extensions::check_observe_mode;
 use crate::schema::{
     ReservationExpiryPolicy, SortDirection, TenantSortBy, TenantStatus as TenantStatusSchema,
@@ -322,24 +322,16 @@ impl TenantListParams {
             .as_deref()
             .map(|s| parse_wire::<TenantStatus>("status", s))
             .transpose()?;
-        let sort_by = self
-            .sort_by
-            .as_deref()
-            .map(|s| parse_wire::<TenantSort>("sort_by", s))
-            .transpose()?
-            .unwrap_or(TenantSort::CreatedAt);
-        let descending = descending(self.sort_dir.as_deref())?;
-        let binding = Binding {
-            sort_by: sort_by.wire_name(),
-            descending,
+        let order = SortedRequest {
+            sort_by: self.sort_by.as_deref(),
+            default: TenantSort::CreatedAt,
+            sort_dir: self.sort_dir.as_deref(),
+            cursor: self.cursor.as_deref(),
+            limit: self.limit.unwrap_or_default().0,
             filters: format!("{status:?}|{:?}|{:?}", self.parent_tenant_id, self.search),
-        };
-        let after = self
-            .cursor
-            .as_deref()
-            .map(|raw| decode_sorted_cursor(raw, &binding, sort_by == TenantSort::Name))
-            .transpose()?;
-        let limit = self.limit.unwrap_or_default().0;
+            text: |s| s == TenantSort::Name,
+        }
+        .parse()?;
         Ok(TenantList {
             operation: ListTenants {
                 actor,
@@ -349,15 +341,11 @@ impl TenantListParams {
                         parent_tenant_id: self.parent_tenant_id,
                         search: self.search.0,
                     },
-                    sort_by,
-                    window: Window {
-                        descending,
-                        after,
-                        limit,
-                    },
+                    sort_by: order.sort_by,
+                    window: order.window,
                 },
             },
-            binding,
+            binding: order.binding,
         })
     }
 }
@@ -374,11 +362,7 @@ pub struct TenantListResponse {
 
 impl TenantListResponse {
     pub fn new(list: &TenantList, page: SortedPage<Tenant>) -> Self {
-        let next_cursor = page
-            .page
-            .has_more
-            .then(|| page.last.map(|p| encode_sorted_cursor(&list.binding, p)))
-            .flatten();
+        let next_cursor = next_sorted_cursor(&list.binding, &page);
         TenantListResponse {
             tenants: page
                 .page

@@ -4,6 +4,8 @@
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use ledger::Actor;
+use ledger::{BulkResult, Idempotent, Operation};
+use protocol::bulk::{BulkActionResponse, BulkRequest};
 use protocol::runtime::{
     CommitRequest, DecisionRequest, EventCreateRequest, IdempotencyHeader, ReleaseRequest,
     ReservationCreateRequest, ReservationExtendRequest,
@@ -12,7 +14,7 @@ use protocol::{parse_body, Plane, Validate};
 use serde::de::DeserializeOwned;
 
 use crate::app::App;
-use crate::reply::Failure;
+use crate::reply::{json, Answer, Failure};
 
 /// An admin-plane body.
 pub async fn admin_body<T: DeserializeOwned + Validate>(
@@ -71,4 +73,24 @@ pub async fn keyed_body<T: DeserializeOwned + Validate + Keyed>(
         Ok(request)
     })
     .await
+}
+
+/// A bulk action (tenants or budgets): parse and validate the body, run its operation,
+/// answer its rows with the request's action and key echoed (a replay echoes the same).
+pub async fn bulk_action<R>(app: &App, actor: Actor, bytes: &Bytes) -> Answer
+where
+    R: BulkRequest,
+    R::Operation: Operation<Output = Idempotent<BulkResult>>,
+{
+    let ((action, key), operation) = app
+        .validated(&actor, Plane::Admin, || {
+            let request: R = parse_body(bytes)?;
+            Ok((request.echo(), request.into_operation(actor.clone())?))
+        })
+        .await?;
+    let (done, _) = app.run(operation, Plane::Admin).await?;
+    Ok(json(
+        axum::http::StatusCode::OK,
+        &BulkActionResponse::new(action, key, &done.result),
+    ))
 }

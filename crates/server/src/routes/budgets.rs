@@ -21,8 +21,8 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::ids;
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden, NotFound};
-use crate::reply::{json, tenant_json, Answer};
-use crate::routes::body::{admin_body, optional_admin_body};
+use crate::reply::{tenant_json, Answer};
+use crate::routes::body::{admin_body, bulk_action, optional_admin_body};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -284,16 +284,5 @@ pub async fn bulk_action_budgets(
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
-    let (action, key, operation) = app
-        .validated(&actor, Plane::Admin, || {
-            let request: BudgetBulkActionRequest = parse_body(&bytes)?;
-            let (action, key) = (request.action.clone(), request.idempotency_key.clone());
-            Ok((action, key, request.into_operation(actor.clone())?))
-        })
-        .await?;
-    let (done, _) = app.run(operation, Plane::Admin).await?;
-    Ok(json(
-        StatusCode::OK,
-        &BulkActionResponse::new(action, key, &done.result),
-    ))
+    bulk_action::<BudgetBulkActionRequest>(&app, actor, &bytes).await
 }

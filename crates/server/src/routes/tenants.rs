@@ -11,7 +11,7 @@ use protocol::tenant::{
     TenantCreateRequest, TenantListParams, TenantListResponse, TenantPath, TenantResponse,
     TenantUpdateRequest,
 };
-use protocol::{parse_body, parse_query, Plane};
+use protocol::{parse_query, Plane};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -19,7 +19,7 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::openapi::{BadRequest, Conflict, Errors, NotFound};
 use crate::reply::{json, Answer};
-use crate::routes::body::admin_body;
+use crate::routes::body::{admin_body, bulk_action};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -163,16 +163,5 @@ pub async fn bulk_action_tenants(
     bytes: Bytes,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
-    let (action, key, operation) = app
-        .validated(&actor, Plane::Admin, || {
-            let request: TenantBulkActionRequest = parse_body(&bytes)?;
-            let (action, key) = (request.action.clone(), request.idempotency_key.clone());
-            Ok((action, key, request.into_operation(actor.clone())?))
-        })
-        .await?;
-    let (done, _) = app.run(operation, Plane::Admin).await?;
-    Ok(json(
-        StatusCode::OK,
-        &BulkActionResponse::new(action, key, &done.result),
-    ))
+    bulk_action::<TenantBulkActionRequest>(&app, actor, &bytes).await
 }

@@ -106,6 +106,18 @@ pub struct Resp {
 }
 
 impl Resp {
+    /// The status, headers and body (JSON, or the text when it is not) of a response.
+    async fn read(resp: reqwest::Response) -> Resp {
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        Resp {
+            status,
+            headers,
+            body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        }
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
@@ -238,14 +250,7 @@ impl TestServer {
             .send()
             .await
             .expect("request");
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp.text().await.expect("body");
-        Resp {
-            status,
-            headers,
-            body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        }
+        Resp::read(resp).await
     }
 
     pub async fn post(&self, path: &str, who: As<'_>, body: Value) -> Resp {
@@ -270,15 +275,7 @@ impl TestServer {
         if let As::Admin = who {
             req = req.header("X-Admin-API-Key", ADMIN_KEY);
         }
-        let resp = req.send().await.expect("request");
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp.text().await.expect("body");
-        Resp {
-            status,
-            headers,
-            body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        }
+        Resp::read(req.send().await.expect("request")).await
     }
 
     /// Creates a tenant (admin).
