@@ -1,12 +1,15 @@
 // The official operator dashboard against a running server, in headless Chromium.
 //
-// Seeds tenants, keys, budgets and a reservation through the API, then drives the dashboard
-// the way an operator does: a refused login, a login, then Overview, Tenants (create, suspend,
-// reactivate), a tenant's page, API keys (create, rename, revoke), Budgets and Reservations
-// (force release), asserting what each page shows and checking the server's state after each
-// action. Every response of 400 or more that the test did not provoke, every failed request
-// and every console error fails the run, except the calls in KNOWN_GAPS: endpoints the
-// dashboard uses that the server does not implement yet. One screenshot per page.
+// Seeds tenants (one suspended, one closed), budgets (one frozen, one closed with its tenant,
+// two in debt, one of those over its overdraft limit), API keys (one expiring within the
+// week) and reservations (two active, one committed) through the API, then drives the
+// dashboard the way an operator does: a refused login, a login, then Overview (its counters
+// and cards against the server's), Tenants (create, suspend, reactivate), a tenant's page, API
+// keys (create, rename, revoke), Budgets and Reservations (force release), asserting what each
+// page shows and checking the server's state after each action. Every response of 400 or more
+// that the test did not provoke, every failed request and every console error fails the run,
+// except the calls in KNOWN_GAPS: endpoints the dashboard uses that the server does not
+// implement yet. One screenshot per step.
 //
 // Environment:
 //   CYCLES_URL             the server, serving the dashboard at / (required)
@@ -14,6 +17,7 @@
 //   CYCLES_SCREENSHOT_DIR  where the screenshots go (required)
 //   CHROMIUM               the browser (default: /usr/bin/chromium)
 
+import { randomUUID } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -25,6 +29,9 @@ const SCREENSHOTS = required('CYCLES_SCREENSHOT_DIR');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const UNIT = 'USD_MICROCENTS';
 const TIMEOUT_MS = 15_000;
+// The page formats amounts with toLocaleString; the browser runs in this locale, so the test
+// formats its expectations the same way.
+const LOCALE = 'en-US';
 
 // Calls the dashboard makes that the server does not answer yet. A response of 400 or more
 // to one of them is reported as a known gap, not a failure; everything else must succeed.
@@ -99,39 +106,135 @@ async function api(method, path, { body, key } = {}) {
   return json;
 }
 
-async function seed() {
-  for (const [id, name] of [
-    ['acme', 'Acme Corp'],
-    ['globex', 'Globex Industries'],
-    ['initech', 'Initech'],
-  ]) {
-    await api('POST', '/v1/admin/tenants', { body: { tenant_id: id, name } });
-  }
-  const budgets = [
-    ['acme', 'tenant:acme', 5_000_000],
-    ['acme', 'tenant:acme/workspace:prod', 2_000_000],
-    ['globex', 'tenant:globex', 9_000_000],
-  ];
-  for (const [tenant, scope, amount] of budgets) {
-    await api('POST', '/v1/admin/budgets', {
-      body: { tenant_id: tenant, scope, unit: UNIT, allocated: { unit: UNIT, amount } },
-    });
-  }
-  const acmeKey = (await api('POST', '/v1/admin/api-keys', {
-    body: { tenant_id: 'acme', name: 'acme-agent' },
-  })).key_secret;
-  await api('POST', '/v1/admin/api-keys', { body: { tenant_id: 'globex', name: 'globex-agent' } });
+function query(params) {
+  return new URLSearchParams(params).toString();
+}
+
+/** The budgets the server lists for `params`, as "scope unit" labels, in its order. */
+async function serverBudgets(params = {}, { closed = false } = {}) {
+  const page = await api('GET', `/v1/admin/budgets?${query({ limit: '100', ...params })}`);
+  // The page hides CLOSED budgets unless asked for them; the server lists every match.
+  return page.ledgers.filter((b) => closed || b.status !== 'CLOSED')
+    .map((b) => label(b.scope, b.unit));
+}
+
+async function tenantStatus(id) {
+  return (await api('GET', `/v1/admin/tenants/${id}`)).status;
+}
+
+/** How a budget is named in this test: its scope and unit, as a row shows them. */
+function label(scope, unit = UNIT) {
+  return `${scope} ${unit}`;
+}
+
+const TENANTS = [
+  ['acme', 'Acme Corp'],
+  ['globex', 'Globex Industries'],
+  ['initech', 'Initech'],
+  ['hooli', 'Hooli'],
+];
+// hooli is closed after seeding; the lists hide closed tenants and budgets by default.
+const OPEN_TENANTS = ['acme', 'globex', 'initech'];
+
+// The seeded budgets. initech's two are pushed into debt by commits over their estimates
+// under ALLOW_WITH_OVERDRAFT; the TOKENS one then has its overdraft limit lowered below its
+// debt, which makes it over limit. staging is frozen; hooli's closes with its tenant.
+const B = {
+  acme: { tenant: 'acme', scope: 'tenant:acme', unit: UNIT, allocated: 5_000_000 },
+  prod: { tenant: 'acme', scope: 'tenant:acme/workspace:prod', unit: UNIT, allocated: 2_000_000 },
+  staging: {
+    tenant: 'acme', scope: 'tenant:acme/workspace:staging', unit: UNIT, allocated: 1_000_000,
+  },
+  globex: { tenant: 'globex', scope: 'tenant:globex', unit: UNIT, allocated: 9_000_000 },
+  initechUsd: {
+    tenant: 'initech', scope: 'tenant:initech', unit: UNIT, allocated: 1_000_000,
+    overdraft: 500_000,
+  },
+  initechTokens: {
+    tenant: 'initech', scope: 'tenant:initech', unit: 'TOKENS', allocated: 100_000,
+    overdraft: 50_000,
+  },
+  hooli: { tenant: 'hooli', scope: 'tenant:hooli', unit: UNIT, allocated: 750_000 },
+};
+for (const b of Object.values(B)) b.label = label(b.scope, b.unit);
+// What the budget list shows by default: every budget but the CLOSED one.
+const OPEN_BUDGETS = Object.values(B).filter((b) => b !== B.hooli).map((b) => b.label);
+
+async function reserve(key, subject, unit, amount, extra = {}) {
   const reservation = await api('POST', '/v1/reservations', {
-    key: acmeKey,
+    key,
     body: {
-      idempotency_key: `dashboard-seed-${Date.now()}`,
-      subject: { tenant: 'acme', workspace: 'prod' },
+      idempotency_key: `dashboard-seed-${randomUUID()}`,
+      subject,
       action: { kind: 'llm.completion', name: 'gpt-4o-mini' },
-      estimate: { unit: UNIT, amount: 125_000 },
+      estimate: { unit, amount },
       ttl_ms: 3_600_000,
+      ...extra,
     },
   });
-  return { budgets, reservationId: reservation.reservation_id };
+  return reservation.reservation_id;
+}
+
+async function commit(key, id, unit, amount) {
+  await api('POST', `/v1/reservations/${id}/commit`, {
+    key,
+    body: { idempotency_key: `dashboard-seed-${randomUUID()}`, actual: { unit, amount } },
+  });
+}
+
+async function seed() {
+  for (const [tenant_id, name] of TENANTS) {
+    await api('POST', '/v1/admin/tenants', { body: { tenant_id, name } });
+  }
+  for (const b of Object.values(B)) {
+    const body = {
+      tenant_id: b.tenant,
+      scope: b.scope,
+      unit: b.unit,
+      allocated: { unit: b.unit, amount: b.allocated },
+    };
+    if (b.overdraft) body.overdraft_limit = { unit: b.unit, amount: b.overdraft };
+    await api('POST', '/v1/admin/budgets', { body });
+  }
+  const keyOf = async (tenant_id, name, extra = {}) =>
+    (await api('POST', '/v1/admin/api-keys', { body: { tenant_id, name, ...extra } })).key_secret;
+  const acmeKey = await keyOf('acme', 'acme-agent');
+  await keyOf('globex', 'globex-agent');
+  const initechKey = await keyOf('initech', 'initech-agent');
+  // For the Overview's "expiring within 7 days" card and the API keys page's filter.
+  await keyOf('acme', 'acme-temp', {
+    expires_at: new Date(Date.now() + 3 * 86_400_000).toISOString(),
+  });
+
+  // acme's: two ACTIVE of different sizes (for the Reserved sort) and one COMMITTED (for the
+  // status filter).
+  const prod = { tenant: 'acme', workspace: 'prod' };
+  const reservations = {
+    small: await reserve(acmeKey, prod, UNIT, 125_000),
+    large: await reserve(acmeKey, { tenant: 'acme' }, UNIT, 300_000),
+    committed: await reserve(acmeKey, prod, UNIT, 50_000),
+  };
+  await commit(acmeKey, reservations.committed, UNIT, 40_000);
+
+  const overdraft = { overage_policy: 'ALLOW_WITH_OVERDRAFT' };
+  const initech = { tenant: 'initech' };
+  // 1 200 000 on 1 000 000 allocated: debt 200 000, within the 500 000 limit.
+  await commit(initechKey, await reserve(initechKey, initech, UNIT, 900_000, overdraft), UNIT,
+    1_200_000);
+  // 130 000 on 100 000: debt 30 000, within 50 000; then the limit goes down to 10 000.
+  await commit(initechKey, await reserve(initechKey, initech, 'TOKENS', 90_000, overdraft),
+    'TOKENS', 130_000);
+  const tokens = query({ scope: B.initechTokens.scope, unit: 'TOKENS' });
+  await api('PATCH', `/v1/admin/budgets?${tokens}`, {
+    body: { overdraft_limit: { unit: 'TOKENS', amount: 10_000 } },
+  });
+  await api('POST', `/v1/admin/budgets/freeze?${query({ scope: B.staging.scope, unit: UNIT })}`, {
+    body: { reason: 'seeded frozen' },
+  });
+  await api('PATCH', '/v1/admin/tenants/initech', { body: { status: 'SUSPENDED' } });
+  // Closing a tenant closes its budgets.
+  await api('PATCH', '/v1/admin/tenants/hooli', { body: { status: 'CLOSED' } });
+  return { reservations };
 }
 
 // ---------------------------------------------------------------------------------------
@@ -140,7 +243,7 @@ async function seed() {
 
 const problems = [];
 const gapsHit = new Map();
-// Pages a known gap keeps from rendering, as notes for the report.
+// Pages a known gap keeps from rendering fully, as notes for the report.
 const blocked = [];
 const dashboardIssues = new Set();
 // Failures the test provokes on purpose, as (method, path, status), each allowed once.
@@ -193,7 +296,7 @@ function watch(page) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Steps
+// Helpers for the steps
 // ---------------------------------------------------------------------------------------
 
 let page;
@@ -245,30 +348,80 @@ function dialog(title) {
   return page.getByRole('dialog', { name: title, exact: true });
 }
 
+function button(name, within = page) {
+  return within.getByRole('button', { name, exact: true });
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
 /** Polls `check` (an API read) until it returns true. */
 async function eventually(what, check) {
   const deadline = Date.now() + TIMEOUT_MS;
   for (;;) {
     if (await check()) return;
     if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    await sleep(100);
   }
 }
 
-async function tenantStatus(id) {
-  return (await api('GET', `/v1/admin/tenants/${id}`)).status;
+/** Polls `probe` (the page or the API) until it yields `want`; the error shows the last look. */
+async function until(what, probe, want) {
+  const expected = JSON.stringify(want);
+  const deadline = Date.now() + TIMEOUT_MS;
+  for (;;) {
+    const seen = JSON.stringify(await probe());
+    if (seen === expected) return;
+    if (Date.now() > deadline) throw new Error(`${what}: expected ${expected}, saw ${seen}`);
+    await sleep(100);
+  }
 }
 
-async function run() {
-  const { budgets, reservationId } = await seed();
-  console.log(`seeded 3 tenants, ${budgets.length} budgets, 2 keys, reservation ${reservationId}`);
+function same(what, seen, want) {
+  if (JSON.stringify(seen) !== JSON.stringify(want)) {
+    throw new Error(`${what}: expected ${JSON.stringify(want)}, got ${JSON.stringify(seen)}`);
+  }
+}
 
+const sorted = (list) => [...list].sort();
+
+/**
+ * The next answer to a GET of `path` whose query holds `params` (a null value: the parameter
+ * is absent). Call it before the action that sends the request; awaiting it proves the page
+ * asked the server for exactly that.
+ */
+function listed(path, params = {}) {
+  return page.waitForResponse((response) => {
+    const url = new URL(response.url());
+    return response.request().method() === 'GET' && url.pathname === path &&
+      Object.entries(params).every(([name, value]) =>
+        value === null ? !url.searchParams.has(name) : url.searchParams.get(name) === value);
+  });
+}
+
+/** The text of every cell of every body row of the page's table, in display order. */
+async function rowCells() {
+  return page.$$eval('[role="row"]', (rows) => rows
+    .filter((row) => row.querySelector('[role="cell"]'))
+    .map((row) => [...row.querySelectorAll('[role="cell"]')].map((cell) => cell.innerText.trim())));
+}
+
+function amount(n) {
+  return n.toLocaleString(LOCALE);
+}
+
+// ---------------------------------------------------------------------------------------
+// Login and Overview
+// ---------------------------------------------------------------------------------------
+
+async function login() {
   await step('a wrong admin key is refused and the login page stays', async () => {
     await page.goto('/login');
     await sees('Cycles Admin');
     expectFailure('GET', '/v1/auth/introspect', 401);
     await page.locator('#admin-api-key').fill('not-the-admin-key');
-    await page.getByRole('button', { name: 'Login', exact: true }).click();
+    await button('Login').click();
     await sees('Invalid admin key');
     if (new URL(page.url()).pathname !== '/login') {
       throw new Error(`left the login page: ${page.url()}`);
@@ -278,41 +431,97 @@ async function run() {
 
   await step('the admin key logs in and opens the overview', async () => {
     await page.locator('#admin-api-key').fill(ADMIN_KEY);
-    await page.getByRole('button', { name: 'Login', exact: true }).click();
+    await button('Login').click();
     await heading('Overview');
     await sees('What needs attention');
+  });
+}
+
+async function overview() {
+  await step('overview: the counters and cards show what was seeded', async () => {
+    // The server's figures first: the page must show these, and they must be the seed's.
+    const counts = await api('GET', '/v1/admin/overview');
+    const { total, active, suspended, closed } = counts.tenant_counts;
+    same('tenant counts', { total, active, suspended, closed },
+      { total: 4, active: 2, suspended: 1, closed: 1 });
+    const b = counts.budget_counts;
+    same('budget counts',
+      { total: b.total, active: b.active, frozen: b.frozen, closed: b.closed,
+        over_limit: b.over_limit, with_debt: b.with_debt },
+      { total: 7, active: 5, frozen: 1, closed: 1, over_limit: 1, with_debt: 2 });
+
+    const tenants = page.getByTestId('tile-tenants');
+    await tenants.getByRole('link', { name: '4', exact: true }).waitFor();
+    for (const chip of ['2 active', '1 suspended', '1 closed']) await sees(chip, tenants);
+    const budgets = page.getByTestId('tile-budgets');
+    await budgets.getByRole('link', { name: '7', exact: true }).waitFor();
+    for (const chip of ['5 active', '1 frozen', '1 closed', '1 over', '2 debt']) {
+      await sees(chip, budgets);
+    }
+
+    // The attention cards, each fed by its own budget or key list.
+    const debt = page.locator('#budgets-with-debt');
+    await sees(`${amount(200_000)} / ${amount(500_000)}`, debt);
+    await sees(`${amount(30_000)} / ${amount(10_000)}`, debt);
+    await sees(B.staging.scope, page.locator('#frozen-budgets'));
+    const atCap = page.getByTestId('budgets-at-cap-card');
+    await until('budgets at or near cap', async () =>
+      (await atCap.getByRole('link', { name: B.initechUsd.scope, exact: true }).count()), 2);
+    await sees('acme-temp', page.getByTestId('expiring-keys-card'));
     await screenshot('overview');
   });
+}
 
+// ---------------------------------------------------------------------------------------
+// Tenants
+// ---------------------------------------------------------------------------------------
+
+// A tenant row's cells: select, tenant id, name, parent, children, status, created, actions.
+
+/** The tenant ids of the listed rows, in display order. */
+async function tenantRows() {
+  return (await rowCells()).map((cells) => cells[1]);
+}
+
+/**
+ * Waits until the server gives the tenants the statuses of `want` (tenant id → status), then
+ * until the page shows the same for those of them it lists (`shown`).
+ */
+async function tenantsAre(what, want, shown = Object.keys(want)) {
+  const ids = Object.keys(want);
+  await until(`${what}, on the server`, () => Promise.all(ids.map(tenantStatus)),
+    ids.map((id) => want[id]));
+  await until(`${what}, on the page`, async () => {
+    const status = Object.fromEntries((await rowCells()).map((cells) => [cells[1], cells[5]]));
+    return shown.map((id) => status[id]);
+  }, shown.map((id) => want[id]));
+}
+
+async function tenantsPage() {
   await step('tenants: the seeded tenants are listed', async () => {
     await navigate('Tenants', 'Tenants');
-    for (const name of ['Acme Corp', 'Globex Industries', 'Initech']) await sees(name);
-    await sees('acme');
+    await until('the listed tenants', async () => sorted(await tenantRows()), OPEN_TENANTS);
+    for (const [id, name] of TENANTS) if (OPEN_TENANTS.includes(id)) await sees(name);
     await screenshot('tenants');
   });
 
   await step('tenants: suspend and reactivate one', async () => {
     await rowAction('Actions for tenant Globex Industries', 'Suspend');
-    await dialog('Suspend this tenant?').getByRole('button', { name: 'Suspend', exact: true })
-      .click();
+    await button('Suspend', dialog('Suspend this tenant?')).click();
     await sees('Tenant suspended');
-    await eventually('globex is SUSPENDED', async () =>
-      (await tenantStatus('globex')) === 'SUSPENDED');
-    await sees('SUSPENDED');
+    await tenantsAre('globex suspended', { globex: 'SUSPENDED' });
     await rowAction('Actions for tenant Globex Industries', 'Reactivate');
-    await dialog('Reactivate this tenant?').getByRole('button', { name: 'Reactivate', exact: true })
-      .click();
+    await button('Reactivate', dialog('Reactivate this tenant?')).click();
     await sees('Tenant reactivated');
-    await eventually('globex is ACTIVE again', async () =>
-      (await tenantStatus('globex')) === 'ACTIVE');
+    await tenantsAre('globex reactivated', { globex: 'ACTIVE' });
   });
 
   await step('tenants: create one through the form', async () => {
-    await page.getByRole('button', { name: 'Create Tenant', exact: true }).click();
+    await button('Create Tenant').click();
     const form = dialog('Create Tenant');
     await form.locator('#ct-id').fill('umbrella');
     await form.locator('#ct-name').fill('Umbrella Labs');
-    await form.getByRole('button', { name: 'Create Tenant', exact: true }).click();
+    await button('Create Tenant', form).click();
     await sees("Tenant 'Umbrella Labs' created");
     const created = await api('GET', '/v1/admin/tenants/umbrella');
     if (created.name !== 'Umbrella Labs' || created.status !== 'ACTIVE') {
@@ -321,7 +530,9 @@ async function run() {
     // The form opens the new tenant's page.
     await page.waitForURL('**/tenants/umbrella');
   });
+}
 
+async function tenantDetail() {
   await step('tenant detail: a deep link to a tenant loads the app', async () => {
     const webhooks = page.waitForResponse((response) => {
       const url = new URL(response.url());
@@ -348,21 +559,40 @@ async function run() {
     }
     await screenshot('tenant-detail');
   });
+}
 
-  let secret = '';
+// ---------------------------------------------------------------------------------------
+// API keys
+// ---------------------------------------------------------------------------------------
+
+// A key row's cells: key id (masked), name, tenant, status, permissions, scope filter,
+// created, expires, actions.
+
+/** The key names of the listed rows, in display order. */
+async function keyRows() {
+  return (await rowCells()).map((cells) => cells[1]);
+}
+
+async function serverKeys(params = {}) {
+  return (await api('GET', `/v1/admin/api-keys?${query({ limit: '100', ...params })}`)).keys;
+}
+
+const SEEDED_KEYS = ['acme-agent', 'acme-temp', 'globex-agent', 'initech-agent'];
+
+async function apiKeysPage() {
   await step('api keys: the seeded keys are listed', async () => {
     await navigate('API Keys', 'API Keys');
-    await sees('acme-agent');
-    await sees('globex-agent');
+    await until('the listed keys', async () => sorted(await keyRows()), SEEDED_KEYS);
     await screenshot('api-keys');
   });
 
+  let secret = '';
   await step('api keys: create one and see its secret once', async () => {
-    await page.getByRole('button', { name: 'Create API Key', exact: true }).click();
+    await button('Create API Key').click();
     const form = dialog('Create API Key');
     await form.locator('#ck-tenant').selectOption('acme');
     await form.locator('#ck-name').fill('browser-key');
-    await form.getByRole('button', { name: 'Create Key', exact: true }).click();
+    await button('Create Key', form).click();
     const reveal = dialog('API Key Created');
     await sees('This secret will not be shown again. Copy it now.', reveal);
     secret = (await reveal.locator('code').innerText()).trim();
@@ -370,19 +600,19 @@ async function run() {
     // The secret shown is a working key of the tenant.
     await api('GET', '/v1/balances?tenant=acme', { key: secret });
     await reveal.getByRole('checkbox').check();
-    await reveal.getByRole('button', { name: 'Close', exact: true }).click();
+    await button('Close', reveal).click();
     await sees('browser-key');
     await screenshot('api-keys-created');
   });
 
   const keyNamed = async (name) =>
-    (await api('GET', '/v1/admin/api-keys?tenant_id=acme')).keys.find((k) => k.name === name);
+    (await serverKeys({ tenant_id: 'acme' })).find((k) => k.name === name);
 
   await step('api keys: rename the new key', async () => {
     await rowAction('Actions for API key browser-key', 'Edit');
     const form = dialog('Edit API Key');
     await form.locator('#ek-name').fill('browser-key-renamed');
-    await form.getByRole('button', { name: 'Save Changes', exact: true }).click();
+    await button('Save Changes', form).click();
     await sees('API key updated');
     await sees('browser-key-renamed');
     await eventually('the key is renamed', async () =>
@@ -391,12 +621,12 @@ async function run() {
 
   await step('api keys: revoke it', async () => {
     await rowAction('Actions for API key browser-key-renamed', 'Revoke');
-    await dialog('Revoke this API key?').getByRole('button', { name: 'Revoke Key', exact: true })
-      .click();
+    await button('Revoke Key', dialog('Revoke this API key?')).click();
     await sees('API key revoked');
     await eventually('the key is REVOKED', async () =>
       (await keyNamed('browser-key-renamed'))?.status === 'REVOKED');
     // Revoked keys are hidden until asked for.
+    await until('the revoked key is hidden', async () => (await keyRows()).length, 4);
     await page.getByRole('checkbox', { name: /^Show .* keys$/ }).check();
     await sees('REVOKED');
     // And the secret no longer works.
@@ -405,33 +635,91 @@ async function run() {
     });
     if (refused.status !== 401) throw new Error(`a revoked key answered ${refused.status}`);
   });
+}
 
+// ---------------------------------------------------------------------------------------
+// Budgets
+// ---------------------------------------------------------------------------------------
+
+// A budget row's cells: select, tenant, scope (followed by an OVER badge when over limit),
+// unit, status, overage policy, utilization, debt, actions.
+const OVER_BADGE = /\s*OVER$/;
+
+function budgetOfRow(cells) {
+  return label(cells[2].replace(OVER_BADGE, ''), cells[3]);
+}
+
+/** The listed budgets as "scope unit" labels, in display order. */
+async function budgetRows() {
+  return (await rowCells()).map(budgetOfRow);
+}
+
+async function budgetsPage() {
   await step('budgets: the seeded budgets are listed', async () => {
     await navigate('Budgets', 'Budgets');
-    for (const [, scope] of budgets) await sees(scope);
+    await until('the listed budgets', async () => sorted(await budgetRows()), sorted(OPEN_BUDGETS));
+    same('the server\'s open budgets', sorted(await serverBudgets()), sorted(OPEN_BUDGETS));
     await screenshot('budgets');
   });
+}
 
-  await step('reservations: the seeded ACTIVE reservation is listed', async () => {
+// ---------------------------------------------------------------------------------------
+// Reservations
+// ---------------------------------------------------------------------------------------
+
+// A reservation row's cells: id, scope, status, reserved, created, expires, actions.
+
+/** The reservation ids of the listed rows, in display order. */
+async function reservationRows() {
+  return (await rowCells()).map((cells) => cells[0]);
+}
+
+async function serverReservations(params) {
+  const list = await api('GET',
+    `/v1/reservations?${query({ tenant: 'acme', limit: '100', ...params })}`);
+  return list.reservations.map((r) => r.reservation_id);
+}
+
+async function reservationsPage({ reservations: r }) {
+  await step('reservations: the seeded ACTIVE reservations are listed', async () => {
+    // Set up before the page opens: it lists the first ACTIVE tenant's on its own, which may
+    // be acme's already.
+    const answered = listed('/v1/reservations', { tenant: 'acme', status: 'ACTIVE' });
     await navigate('Reservations', 'Reservations');
     await page.locator('#res-tenant').selectOption('acme');
-    await sees(reservationId);
+    await answered;
+    await until('acme\'s ACTIVE reservations', async () => sorted(await reservationRows()),
+      sorted([r.small, r.large]));
+    same('the server\'s', sorted(await serverReservations({ status: 'ACTIVE' })),
+      sorted([r.small, r.large]));
     await sees('tenant:acme/workspace:prod');
     await screenshot('reservations');
   });
 
-  await step('reservations: force release it', async () => {
-    await rowAction(`Actions for reservation ${reservationId}`, 'Force release');
-    await dialog('Force release this reservation?')
-      .getByRole('button', { name: 'Force release', exact: true }).click();
-    await sees(`Reservation ${reservationId} released`);
-    await sees('No ACTIVE reservations for this tenant');
-    const released = await api('GET', `/v1/reservations/${reservationId}`);
+  await step('reservations: force release one', async () => {
+    await rowAction(`Actions for reservation ${r.small}`, 'Force release');
+    await button('Force release', dialog('Force release this reservation?')).click();
+    await sees(`Reservation ${r.small} released`);
+    await until('the ACTIVE reservations after the release', reservationRows, [r.large]);
+    const released = await api('GET', `/v1/reservations/${r.small}`);
     if (released.status !== 'RELEASED') {
       throw new Error(`the reservation reads back as ${released.status}`);
     }
     await screenshot('reservations-released');
   });
+}
+
+async function run() {
+  const seeded = await seed();
+  console.log(`seeded ${TENANTS.length} tenants, ${Object.keys(B).length} budgets, ` +
+    `${SEEDED_KEYS.length} keys, 3 reservations`);
+  await login();
+  await overview();
+  await tenantsPage();
+  await tenantDetail();
+  await apiKeysPage();
+  await budgetsPage();
+  await reservationsPage(seeded);
 }
 
 async function main() {
@@ -451,6 +739,7 @@ async function main() {
       '--disable-sync',
     ],
     baseURL: BASE,
+    locale: LOCALE,
     viewport: { width: 1440, height: 900 },
   });
   context.setDefaultTimeout(TIMEOUT_MS);
