@@ -352,6 +352,10 @@ function button(name, within = page) {
   return within.getByRole('button', { name, exact: true });
 }
 
+function sortHeader(column) {
+  return page.getByRole('columnheader', { name: `Sort by ${column}`, exact: true });
+}
+
 function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
@@ -398,6 +402,17 @@ function listed(path, params = {}) {
       Object.entries(params).every(([name, value]) =>
         value === null ? !url.searchParams.has(name) : url.searchParams.get(name) === value);
   });
+}
+
+/** The next answer to a POST of `path`, with the JSON body the page sent. */
+async function posted(path, act) {
+  const answer = page.waitForResponse((response) =>
+    response.request().method() === 'POST' && new URL(response.url()).pathname === path);
+  await act();
+  const response = await answer;
+  if (!response.ok()) throw new Error(`POST ${path} answered ${response.status()}`);
+  return { sent: response.request().postDataJSON(), url: new URL(response.url()),
+    answer: await response.json() };
 }
 
 /** The text of every cell of every body row of the page's table, in display order. */
@@ -516,6 +531,92 @@ async function tenantsPage() {
     await tenantsAre('globex reactivated', { globex: 'ACTIVE' });
   });
 
+  await step('tenants: the status filter and the closed-tenants toggle', async () => {
+    // Client-side: the page filters what it loaded, and keeps the filter in the URL.
+    const filter = page.getByLabel('Filter by tenant status', { exact: true });
+    for (const [status, want] of [['SUSPENDED', ['initech']], ['CLOSED', ['hooli']]]) {
+      await filter.selectOption(status);
+      await until(`the ${status} tenants`, tenantRows, want);
+      same(`the server's ${status} tenants`,
+        (await api('GET', `/v1/admin/tenants?status=${status}`)).tenants.map((t) => t.tenant_id),
+        want);
+      same('the URL', new URL(page.url()).searchParams.get('status'), status);
+      await screenshot(`tenants-${status.toLowerCase()}`);
+    }
+    await filter.selectOption('');
+    await until('the open tenants again', async () => sorted(await tenantRows()), OPEN_TENANTS);
+    // Closed tenants are hidden until asked for.
+    const showClosed = page.getByRole('checkbox', { name: 'Show closed tenants', exact: true });
+    await showClosed.check();
+    await tenantsAre('every tenant, closed ones too',
+      { acme: 'ACTIVE', globex: 'ACTIVE', initech: 'SUSPENDED', hooli: 'CLOSED' });
+    await showClosed.uncheck();
+    await until('the open tenants again', async () => sorted(await tenantRows()), OPEN_TENANTS);
+  });
+
+  await step('tenants: a column sort, both ways', async () => {
+    for (const dir of ['asc', 'desc']) {
+      const answered = listed('/v1/admin/tenants', { sort_by: 'name', sort_dir: dir });
+      await sortHeader('Name').click();
+      await answered;
+      const order = query({ sort_by: 'name', sort_dir: dir });
+      const all = (await api('GET', `/v1/admin/tenants?${order}`)).tenants;
+      const byName = ['acme', 'globex', 'hooli', 'initech'];
+      same(`the server's tenants by name ${dir}`, all.map((t) => t.tenant_id),
+        dir === 'asc' ? byName : byName.reverse());
+      // In the server's order, without the hidden closed one.
+      const want = all.filter((t) => t.status !== 'CLOSED').map((t) => t.tenant_id);
+      await until(`tenants by name ${dir}`, tenantRows, want);
+    }
+    await screenshot('tenants-sorted-by-name-desc');
+  });
+
+  await step('tenants: suspend, then reactivate, all tenants matching a search (bulk by filter)',
+    async () => {
+      const search = page.getByPlaceholder('Search by ID or name...');
+      const searched = listed('/v1/admin/tenants', { search: 'in' });
+      await search.fill('in');
+      await searched;
+      // "in" is in globex's name and in initech; initech is already suspended.
+      await until('tenants matching "in"', async () => sorted(await tenantRows()),
+        ['globex', 'initech']);
+      await bulkTenantsByFilter('Suspend', 'SUSPEND', { status: 'ACTIVE', search: 'in' },
+        ['globex']);
+      await sees('1/1 tenants suspended');
+      await tenantsAre('statuses after the bulk suspend',
+        { acme: 'ACTIVE', globex: 'SUSPENDED', initech: 'SUSPENDED' }, ['globex', 'initech']);
+      await screenshot('tenants-bulk-suspended');
+
+      await bulkTenantsByFilter('Reactivate', 'REACTIVATE', { status: 'SUSPENDED', search: 'in' },
+        ['globex', 'initech']);
+      await sees('2/2 tenants reactivated');
+      await tenantsAre('statuses after the bulk reactivate',
+        { acme: 'ACTIVE', globex: 'ACTIVE', initech: 'ACTIVE' }, ['globex', 'initech']);
+      await search.fill('');
+      await until('the open tenants again', async () => sorted(await tenantRows()), OPEN_TENANTS);
+    });
+
+  await step('tenants: suspend and reactivate selected rows (row-select bulk)', async () => {
+    await page.getByRole('checkbox', { name: 'Select Globex Industries', exact: true }).check();
+    await page.getByRole('checkbox', { name: 'Select Initech', exact: true }).check();
+    const bar = page.getByRole('toolbar', { name: 'Bulk tenant actions' });
+    await sees('2 selected', bar);
+    await screenshot('tenants-selected');
+    await button('Suspend', bar).click();
+    await button('Suspend all', dialog('Suspend 2 tenants?')).click();
+    await sees('2/2 tenants suspended');
+    await tenantsAre('statuses after suspending the selection',
+      { acme: 'ACTIVE', globex: 'SUSPENDED', initech: 'SUSPENDED' });
+
+    // Back to the seeded state: only globex reactivated.
+    await page.getByRole('checkbox', { name: 'Select Globex Industries', exact: true }).check();
+    await button('Reactivate', bar).click();
+    await button('Reactivate all', dialog('Reactivate 1 tenants?')).click();
+    await sees('1/1 tenants reactivated');
+    await tenantsAre('statuses after reactivating the selection',
+      { acme: 'ACTIVE', globex: 'ACTIVE', initech: 'SUSPENDED' });
+  });
+
   await step('tenants: create one through the form', async () => {
     await button('Create Tenant').click();
     const form = dialog('Create Tenant');
@@ -530,6 +631,33 @@ async function tenantsPage() {
     // The form opens the new tenant's page.
     await page.waitForURL('**/tenants/umbrella');
   });
+}
+
+/**
+ * The "Apply to all matching filter" flow: the preview counts the matches (its samples are
+ * `ids`), then the submit sends one bulk-action with the filter and the counted total as
+ * expected_count; every match must succeed.
+ */
+async function bulkTenantsByFilter(verb, action, filter, ids) {
+  const group = page.getByRole('group', {
+    name: 'Apply action to all tenants matching the current filter',
+  });
+  await button(`${verb} all`, group).click();
+  const preview = dialog(`${verb} tenants matching filter`);
+  const confirm = button(`${verb} ${ids.length} tenants`, preview);
+  await confirm.waitFor();
+  await sees(`status=${filter.status} AND search="${filter.search}"`, preview);
+  const samples = await preview.getByRole('list', { name: 'Sample of matching items' })
+    .getByRole('listitem').allInnerTexts();
+  same(`the ${verb} preview's samples`, sorted(samples.map((s) => s.split(/\s+/)[0])), ids);
+  await screenshot(`tenants-bulk-${slug(verb)}-preview`);
+  const { sent, answer } = await posted('/v1/admin/tenants/bulk-action', () => confirm.click());
+  same('the bulk request', { filter: sent.filter, action: sent.action,
+    expected_count: sent.expected_count }, { filter, action, expected_count: ids.length });
+  same('the bulk outcome', {
+    succeeded: sorted(answer.succeeded.map((r) => r.id)), failed: answer.failed,
+    skipped: answer.skipped, total_matched: answer.total_matched,
+  }, { succeeded: ids, failed: [], skipped: [], total_matched: ids.length });
 }
 
 async function tenantDetail() {
