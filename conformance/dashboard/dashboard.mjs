@@ -714,6 +714,57 @@ async function apiKeysPage() {
     await screenshot('api-keys');
   });
 
+  await step('api keys: the tenant filter asks the server for that tenant\'s keys', async () => {
+    const answered = listed('/v1/admin/api-keys', { tenant_id: 'globex' });
+    await page.locator('#keys-tenant').selectOption('globex');
+    await answered;
+    await until('globex\'s keys', keyRows, ['globex-agent']);
+    same('the server\'s globex keys',
+      (await serverKeys({ tenant_id: 'globex' })).map((k) => k.name), ['globex-agent']);
+    await screenshot('api-keys-tenant-globex');
+    await page.locator('#keys-tenant').selectOption('');
+    await until('every key again', async () => sorted(await keyRows()), SEEDED_KEYS);
+  });
+
+  await step('api keys: search, then Clear', async () => {
+    const answered = listed('/v1/admin/api-keys', { search: 'temp' });
+    await page.locator('#keys-search').fill('temp');
+    await answered;
+    await until('keys matching "temp"', keyRows, ['acme-temp']);
+    same('the server\'s keys matching "temp"', (await serverKeys({ search: 'temp' }))
+      .map((k) => k.name), ['acme-temp']);
+    await screenshot('api-keys-search');
+    await button('Clear').click();
+    await until('every key again', async () => sorted(await keyRows()), SEEDED_KEYS);
+  });
+
+  await step('api keys: a column sort, both ways', async () => {
+    for (const dir of ['asc', 'desc']) {
+      const answered = listed('/v1/admin/api-keys', { sort_by: 'name', sort_dir: dir });
+      await sortHeader('Name').click();
+      await answered;
+      const want = (await serverKeys({ sort_by: 'name', sort_dir: dir })).map((k) => k.name);
+      same(`the server's keys by name ${dir}`, want,
+        dir === 'asc' ? SEEDED_KEYS : [...SEEDED_KEYS].reverse());
+      await until(`keys by name ${dir}`, keyRows, want);
+    }
+  });
+
+  await step('api keys: "expiring within 7 days", from the Overview card', async () => {
+    await navigate('Overview', 'Overview');
+    await page.getByTestId('expiring-keys-card').getByRole('link', { name: 'View all' }).click();
+    await heading('API Keys');
+    await page.getByTestId('api-keys-expiring-filter-chip').waitFor();
+    await until('the keys expiring within 7 days', keyRows, ['acme-temp']);
+    const week = Date.now() + 7 * 86_400_000;
+    same('the server\'s keys expiring within 7 days', (await serverKeys())
+      .filter((k) => k.status === 'ACTIVE' && k.expires_at && Date.parse(k.expires_at) < week)
+      .map((k) => k.name), ['acme-temp']);
+    await screenshot('api-keys-expiring');
+    await button('Remove expiring-within-7d filter').click();
+    await until('every key again', async () => sorted(await keyRows()), SEEDED_KEYS);
+  });
+
   let secret = '';
   await step('api keys: create one and see its secret once', async () => {
     await button('Create API Key').click();
@@ -762,6 +813,21 @@ async function apiKeysPage() {
       headers: { 'X-Cycles-API-Key': secret },
     });
     if (refused.status !== 401) throw new Error(`a revoked key answered ${refused.status}`);
+  });
+
+  await step('api keys: the status filter (client-side)', async () => {
+    const status = page.locator('#keys-status');
+    for (const [value, want] of [
+      ['REVOKED', ['browser-key-renamed']],
+      ['ACTIVE', SEEDED_KEYS],
+    ]) {
+      await status.selectOption(value);
+      await until(`the ${value} keys`, async () => sorted(await keyRows()), want);
+      same(`the server's ${value} keys`,
+        sorted((await serverKeys()).filter((k) => k.status === value).map((k) => k.name)), want);
+      await screenshot(`api-keys-${value.toLowerCase()}`);
+    }
+    await status.selectOption('');
   });
 }
 
