@@ -110,6 +110,11 @@ function query(params) {
   return new URLSearchParams(params).toString();
 }
 
+/** A budget as the server has it now. */
+async function budget(scope, unit = UNIT) {
+  return api('GET', `/v1/admin/budgets/lookup?${query({ scope, unit })}`);
+}
+
 /** The budgets the server lists for `params`, as "scope unit" labels, in its order. */
 async function serverBudgets(params = {}, { closed = false } = {}) {
   const page = await api('GET', `/v1/admin/budgets?${query({ limit: '100', ...params })}`);
@@ -848,12 +853,285 @@ async function budgetRows() {
   return (await rowCells()).map(budgetOfRow);
 }
 
+/** The cells of the row of budget `b`. */
+async function budgetRow(b) {
+  return (await rowCells()).find((cells) => budgetOfRow(cells) === b.label);
+}
+
+async function rowStatus(b) {
+  return (await budgetRow(b))?.[4];
+}
+
+/**
+ * Applies one list filter, checks the request carried `params`, that the rows are `want`
+ * and that the server lists the same budgets for those parameters, then undoes it.
+ */
+async function budgetFilter(what, params, want, apply, undo) {
+  const answered = listed('/v1/admin/budgets', params);
+  await apply();
+  await answered;
+  await until(`budgets with ${what}`, async () => sorted(await budgetRows()), sorted(want));
+  const closed = params.status === 'CLOSED';
+  same(`the server's budgets with ${what}`, sorted(await serverBudgets(params, { closed })),
+    sorted(want));
+  await screenshot(`budgets-${slug(what)}`);
+  await undo();
+  await until('the open budgets again', async () => sorted(await budgetRows()),
+    sorted(OPEN_BUDGETS));
+}
+
+/** The detail card's figure under `name` (Allocated, Remaining...). */
+async function figure(name) {
+  const panel = page.locator('.info-panel').filter({
+    has: page.locator('.form-label', { hasText: new RegExp(`^${name}$`) }),
+  });
+  return (await panel.locator('.font-semibold').innerText()).trim();
+}
+
+/** Waits until the detail card shows the server's current figures for budget `b`. */
+async function figuresMatchServer(b) {
+  const names = ['Allocated', 'Remaining', 'Reserved', 'Spent', 'Debt', 'Overdraft Limit'];
+  const fields = ['allocated', 'remaining', 'reserved', 'spent', 'debt', 'overdraft_limit'];
+  const server = await budget(b.scope, b.unit);
+  const want = fields.map((f) => amount(server[f]?.amount ?? 0));
+  await until(`the figures of ${b.label}`, () => Promise.all(names.map(figure)), want);
+  return server;
+}
+
 async function budgetsPage() {
   await step('budgets: the seeded budgets are listed', async () => {
     await navigate('Budgets', 'Budgets');
     await until('the listed budgets', async () => sorted(await budgetRows()), sorted(OPEN_BUDGETS));
     same('the server\'s open budgets', sorted(await serverBudgets()), sorted(OPEN_BUDGETS));
     await screenshot('budgets');
+  });
+
+  await step('budgets: the status, unit, tenant, scope prefix, search and utilization filters',
+    async () => {
+      const select = (id, value) => () => page.locator(id).selectOption(value);
+      const fill = (id, value) => () => page.locator(id).fill(value);
+      await budgetFilter('status FROZEN', { status: 'FROZEN' }, [B.staging.label],
+        select('#budget-status', 'FROZEN'), select('#budget-status', ''));
+      // Asking for CLOSED shows closed budgets, hidden otherwise.
+      await budgetFilter('status CLOSED', { status: 'CLOSED' }, [B.hooli.label],
+        select('#budget-status', 'CLOSED'), select('#budget-status', ''));
+      await budgetFilter('unit TOKENS', { unit: 'TOKENS' }, [B.initechTokens.label],
+        select('#budget-unit', 'TOKENS'), select('#budget-unit', ''));
+      await budgetFilter('tenant acme', { tenant_id: 'acme' },
+        [B.acme.label, B.prod.label, B.staging.label],
+        select('#budget-tenant', 'acme'), select('#budget-tenant', ''));
+      await budgetFilter('scope prefix', { scope_prefix: 'tenant:acme/' },
+        [B.prod.label, B.staging.label],
+        fill('#budget-scope', 'tenant:acme/'), fill('#budget-scope', ''));
+      await budgetFilter('search', { search: 'glob' }, [B.globex.label],
+        fill('#budget-search', 'glob'), fill('#budget-search', ''));
+      // The page takes percents and sends ratios. initech's budgets spent all they had.
+      await budgetFilter('utilization at least 90%', { utilization_min: '0.9' },
+        [B.initechUsd.label, B.initechTokens.label],
+        fill('#budget-util-min', '90'), fill('#budget-util-min', ''));
+      await budgetFilter('utilization at most 50%', { utilization_max: '0.5' },
+        [B.acme.label, B.prod.label, B.staging.label, B.globex.label],
+        fill('#budget-util-max', '50'), fill('#budget-util-max', ''));
+    });
+
+  await step('budgets: closed budgets are hidden until asked for', async () => {
+    const showClosed = page.getByRole('checkbox', { name: 'Show closed budgets', exact: true });
+    await showClosed.check();
+    const every = Object.values(B).map((b) => b.label);
+    await until('every budget, closed ones too', async () => sorted(await budgetRows()),
+      sorted(every));
+    same('the server\'s budgets', sorted(await serverBudgets({}, { closed: true })), sorted(every));
+    await until('the closed budget\'s status', () => rowStatus(B.hooli), 'CLOSED');
+    await screenshot('budgets-show-closed');
+    await showClosed.uncheck();
+    await until('the open budgets again', async () => sorted(await budgetRows()),
+      sorted(OPEN_BUDGETS));
+  });
+
+  await step('budgets: over limit, with debt and frozen, from the Overview chips', async () => {
+    // Each chip opens the list with a route query the page turns into a list filter.
+    for (const [chip, title, params, want, banner] of [
+      ['1 over', 'Over-limit Budgets', { over_limit: 'true' }, [B.initechTokens.label],
+        'Showing over-limit across all tenants'],
+      ['2 debt', 'Budgets with Debt', { has_debt: 'true' },
+        [B.initechUsd.label, B.initechTokens.label],
+        'Showing budgets with debt across all tenants'],
+      ['1 frozen', 'Budgets', { status: 'FROZEN' }, [B.staging.label], null],
+    ]) {
+      await navigate('Overview', 'Overview');
+      const answered = listed('/v1/admin/budgets', params);
+      await page.getByTestId('tile-budgets').getByRole('link', { name: chip, exact: true }).click();
+      await heading(title);
+      await answered;
+      if (banner) await sees(banner);
+      await until(`the budgets behind "${chip}"`, async () => sorted(await budgetRows()),
+        sorted(want));
+      same(`the server's budgets for ${JSON.stringify(params)}`,
+        sorted(await serverBudgets(params)), sorted(want));
+      await screenshot(`budgets-${slug(chip)}`);
+    }
+    // The frozen chip pre-sets the status filter rather than a cross-tenant view.
+    same('the status filter', await page.locator('#budget-status').inputValue(), 'FROZEN');
+    await page.locator('#budget-status').selectOption('');
+    await until('the open budgets again', async () => sorted(await budgetRows()),
+    sorted(OPEN_BUDGETS));
+    // The over-limit row carries the OVER badge.
+    const over = (await rowCells()).filter((cells) => OVER_BADGE.test(cells[2])).map(budgetOfRow);
+    same('the rows with an OVER badge', over, [B.initechTokens.label]);
+  });
+
+  await step('budgets: a column sort, both ways', async () => {
+    for (const dir of ['asc', 'desc']) {
+      const answered = listed('/v1/admin/budgets', { sort_by: 'scope', sort_dir: dir });
+      await sortHeader('Scope').click();
+      await answered;
+      const want = await serverBudgets({ sort_by: 'scope', sort_dir: dir });
+      const scopes = want.map((l) => l.split(' ')[0]);
+      const ordered = sorted(scopes);
+      same(`the server's order by scope ${dir}`, scopes,
+        dir === 'asc' ? ordered : ordered.reverse());
+      await until(`budgets by scope ${dir}`, budgetRows, want);
+    }
+    await screenshot('budgets-sorted-by-scope-desc');
+  });
+
+  await step('budgets: unfreeze a row from its menu, refreeze it as a selected row', async () => {
+    await rowAction(`Actions for budget ${B.staging.scope}`, 'Unfreeze');
+    await button('Unfreeze Budget', dialog('Unfreeze this budget?')).click();
+    await sees('Budget unfrozen');
+    await eventually('staging is ACTIVE', async () =>
+      (await budget(B.staging.scope)).status === 'ACTIVE');
+    await until('the staging row\'s status', () => rowStatus(B.staging), 'ACTIVE');
+
+    await page.getByRole('checkbox', { name: `Select budget ${B.staging.scope}`, exact: true })
+      .check();
+    const bar = page.getByRole('toolbar', { name: 'Bulk budget actions' });
+    await sees('1 selected', bar);
+    await button('Freeze', bar).click();
+    await button('Freeze all', dialog('Freeze 1 budgets?')).click();
+    await sees('1/1 budgets frozen');
+    await eventually('staging is FROZEN again', async () =>
+      (await budget(B.staging.scope)).status === 'FROZEN');
+    await until('the staging row\'s status', () => rowStatus(B.staging), 'FROZEN');
+    await screenshot('budgets-row-frozen');
+  });
+
+  await step('budget detail: opens from its scope, with the server\'s figures', async () => {
+    const opened = listed('/v1/admin/budgets/lookup', { scope: B.acme.scope, unit: UNIT });
+    await page.getByRole('link', { name: B.acme.scope, exact: true }).click();
+    await heading('Budget Detail');
+    await opened;
+    const url = new URL(page.url());
+    same('the detail route', [url.pathname, url.searchParams.get('scope'),
+      url.searchParams.get('unit')], ['/budgets', B.acme.scope, UNIT]);
+    await page.getByRole('heading', { level: 2, name: B.acme.scope, exact: true }).waitFor();
+    const server = await figuresMatchServer(B.acme);
+    // 425 000 held by the two active reservations, 40 000 spent by the committed one.
+    same('acme\'s seeded figures', [server.allocated.amount, server.reserved.amount,
+      server.spent.amount, server.remaining.amount], [5_000_000, 425_000, 40_000, 4_535_000]);
+    if ([...gapsHit.keys()].some((gap) => gap.startsWith('GET /v1/admin/events '))) {
+      blocked.push('Budget detail: the event timeline stays empty and an error banner shows; ' +
+        'its events call is a known gap');
+    }
+    await screenshot('budget-detail');
+  });
+
+  await step('budget detail: fund it (CREDIT) through the form', async () => {
+    const before = await budget(B.acme.scope);
+    await button('Fund Budget').click();
+    const form = dialog('Fund Budget');
+    await form.locator('#fund-op').selectOption('CREDIT');
+    await form.locator('#fund-amount').fill('1000000');
+    await form.locator('#fund-reason').fill('Quarterly top-up');
+    const { sent, url } = await posted('/v1/admin/budgets/fund',
+      () => button('Execute', form).click());
+    same('the fund request', [url.searchParams.get('tenant_id'), url.searchParams.get('scope'),
+      sent.operation, sent.amount, sent.reason],
+    ['acme', B.acme.scope, 'CREDIT', { unit: UNIT, amount: 1_000_000 }, 'Quarterly top-up']);
+    await sees('Budget credited');
+    const after = await figuresMatchServer(B.acme);
+    same('allocated and remaining after the credit',
+      [after.allocated.amount, after.remaining.amount],
+      [before.allocated.amount + 1_000_000, before.remaining.amount + 1_000_000]);
+    await screenshot('budget-detail-funded');
+  });
+
+  await step('budget detail: edit the overdraft limit and the commit overage policy', async () => {
+    await button('Edit').click();
+    const form = dialog('Edit Budget Config');
+    await form.locator('#eb-overdraft').fill('250000');
+    await form.locator('#eb-overage').selectOption('ALLOW_WITH_OVERDRAFT');
+    await button('Save Changes', form).click();
+    await sees('Budget config updated');
+    await eventually('the budget has the new config', async () => {
+      const b = await budget(B.acme.scope);
+      return b.overdraft_limit?.amount === 250_000 &&
+        b.commit_overage_policy === 'ALLOW_WITH_OVERDRAFT';
+    });
+    await figuresMatchServer(B.acme);
+    await sees('ALLOW_WITH_OVERDRAFT');
+    await screenshot('budget-detail-edited');
+  });
+
+  await step('budget detail: freeze and unfreeze', async () => {
+    await button('Freeze').click();
+    await button('Freeze Budget', dialog('Freeze this budget?')).click();
+    await sees('Budget frozen');
+    await eventually('acme is FROZEN', async () =>
+      (await budget(B.acme.scope)).status === 'FROZEN');
+    // A frozen budget offers Unfreeze, and no funding.
+    await button('Unfreeze').waitFor();
+    await sees('FROZEN');
+    if (await button('Fund Budget').isVisible()) throw new Error('a frozen budget offers funding');
+    await screenshot('budget-detail-frozen');
+    await button('Unfreeze').click();
+    await button('Unfreeze Budget', dialog('Unfreeze this budget?')).click();
+    await sees('Budget unfrozen');
+    await eventually('acme is ACTIVE', async () =>
+      (await budget(B.acme.scope)).status === 'ACTIVE');
+    await button('Fund Budget').waitFor();
+  });
+
+  await step('budgets: bulk CREDIT of a tenant\'s ACTIVE budgets, by filter', async () => {
+    await button('Back to budgets').click();
+    await heading('Budgets');
+    const scoped = listed('/v1/admin/budgets', { tenant_id: 'acme' });
+    await page.locator('#budget-tenant').selectOption('acme');
+    await scoped;
+    const acmes = [B.acme, B.prod, B.staging];
+    await until('acme\'s budgets', async () => sorted(await budgetRows()),
+      sorted(acmes.map((b) => b.label)));
+    const before = await Promise.all(acmes.map((b) => budget(b.scope)));
+
+    await button('Bulk action…').click();
+    const setup = dialog('Bulk budget action');
+    await setup.locator('#bulk-op').selectOption('CREDIT');
+    await setup.locator('#bulk-unit').selectOption(UNIT);
+    await setup.locator('#bulk-amount').fill('500000');
+    await setup.locator('#bulk-reason').fill('Launch week');
+    await button('Preview', setup).click();
+    // CREDIT applies to ACTIVE budgets only: staging, frozen, is not counted.
+    const preview = dialog('Credit budgets matching filter');
+    const confirm = button('Credit 2 budgets', preview);
+    await confirm.waitFor();
+    await sees('tenant_id=acme AND status=ACTIVE', preview);
+    const samples = await preview.getByRole('list', { name: 'Sample of matching items' })
+      .getByRole('listitem').allInnerTexts();
+    same('the preview\'s samples', sorted(samples.map((s) => s.split(/\s+/)[1])),
+      sorted([B.acme.scope, B.prod.scope]));
+    await screenshot('budgets-bulk-credit-preview');
+    const { sent, answer } = await posted('/v1/admin/budgets/bulk-action', () => confirm.click());
+    same('the bulk request', [sent.filter, sent.action, sent.amount, sent.reason,
+      sent.expected_count], [{ tenant_id: 'acme', status: 'ACTIVE' }, 'CREDIT',
+      { unit: UNIT, amount: 500_000 }, 'Launch week', 2]);
+    same('the bulk outcome', [answer.succeeded.length, answer.failed, answer.skipped,
+      answer.total_matched], [2, [], [], 2]);
+    await sees('2/2 budgets credited');
+    const after = await Promise.all(acmes.map((b) => budget(b.scope)));
+    same('allocated after the bulk credit', after.map((b) => b.allocated.amount),
+      [before[0].allocated.amount + 500_000, before[1].allocated.amount + 500_000,
+        before[2].allocated.amount]);
+    await screenshot('budgets-bulk-credited');
   });
 }
 
