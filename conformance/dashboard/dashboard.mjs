@@ -1,12 +1,15 @@
 // The official operator dashboard against a running server, in headless Chromium.
 //
-// Seeds tenants, keys, budgets and a reservation through the API, then drives the dashboard
-// the way an operator does: a refused login, a login, then Overview, Tenants (create, suspend,
-// reactivate), a tenant's page, API keys (create, rename, revoke), Budgets and Reservations
-// (force release), asserting what each page shows and checking the server's state after each
-// action. Every response of 400 or more that the test did not provoke, every failed request
-// and every console error fails the run, except the calls in KNOWN_GAPS: endpoints the
-// dashboard uses that the server does not implement yet. One screenshot per page.
+// Seeds tenants (one suspended, one closed), budgets (one frozen, one closed with its tenant,
+// two in debt, one of those over its overdraft limit), API keys (one expiring within the
+// week) and reservations (two active, one committed) through the API, then performs every
+// operator action of the Overview, Tenants, API keys, Budgets and Reservations pages the way
+// an operator does: filters, column sorts, row actions, row-select and by-filter bulk actions,
+// the budget detail's fund, edit, freeze and unfreeze. After each action it asserts what the
+// page shows and reads the server's state back through the API. Every response of 400 or more
+// that the test did not provoke, every failed request and every console error fails the run,
+// except the calls in KNOWN_GAPS: endpoints the dashboard uses that the server does not
+// implement yet. One screenshot per step.
 //
 // Environment:
 //   CYCLES_URL             the server, serving the dashboard at / (required)
@@ -14,6 +17,7 @@
 //   CYCLES_SCREENSHOT_DIR  where the screenshots go (required)
 //   CHROMIUM               the browser (default: /usr/bin/chromium)
 
+import { randomUUID } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -25,6 +29,9 @@ const SCREENSHOTS = required('CYCLES_SCREENSHOT_DIR');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const UNIT = 'USD_MICROCENTS';
 const TIMEOUT_MS = 15_000;
+// The page formats amounts with toLocaleString; the browser runs in this locale, so the test
+// formats its expectations the same way.
+const LOCALE = 'en-US';
 
 // Calls the dashboard makes that the server does not answer yet. A response of 400 or more
 // to one of them is reported as a known gap, not a failure; everything else must succeed.
@@ -99,39 +106,140 @@ async function api(method, path, { body, key } = {}) {
   return json;
 }
 
-async function seed() {
-  for (const [id, name] of [
-    ['acme', 'Acme Corp'],
-    ['globex', 'Globex Industries'],
-    ['initech', 'Initech'],
-  ]) {
-    await api('POST', '/v1/admin/tenants', { body: { tenant_id: id, name } });
-  }
-  const budgets = [
-    ['acme', 'tenant:acme', 5_000_000],
-    ['acme', 'tenant:acme/workspace:prod', 2_000_000],
-    ['globex', 'tenant:globex', 9_000_000],
-  ];
-  for (const [tenant, scope, amount] of budgets) {
-    await api('POST', '/v1/admin/budgets', {
-      body: { tenant_id: tenant, scope, unit: UNIT, allocated: { unit: UNIT, amount } },
-    });
-  }
-  const acmeKey = (await api('POST', '/v1/admin/api-keys', {
-    body: { tenant_id: 'acme', name: 'acme-agent' },
-  })).key_secret;
-  await api('POST', '/v1/admin/api-keys', { body: { tenant_id: 'globex', name: 'globex-agent' } });
+function query(params) {
+  return new URLSearchParams(params).toString();
+}
+
+/** A budget as the server has it now. */
+async function budget(scope, unit = UNIT) {
+  return api('GET', `/v1/admin/budgets/lookup?${query({ scope, unit })}`);
+}
+
+/** The budgets the server lists for `params`, as "scope unit" labels, in its order. */
+async function serverBudgets(params = {}, { closed = false } = {}) {
+  const page = await api('GET', `/v1/admin/budgets?${query({ limit: '100', ...params })}`);
+  // The page hides CLOSED budgets unless asked for them; the server lists every match.
+  return page.ledgers.filter((b) => closed || b.status !== 'CLOSED')
+    .map((b) => label(b.scope, b.unit));
+}
+
+async function tenantStatus(id) {
+  return (await api('GET', `/v1/admin/tenants/${id}`)).status;
+}
+
+/** How a budget is named in this test: its scope and unit, as a row shows them. */
+function label(scope, unit = UNIT) {
+  return `${scope} ${unit}`;
+}
+
+const TENANTS = [
+  ['acme', 'Acme Corp'],
+  ['globex', 'Globex Industries'],
+  ['initech', 'Initech'],
+  ['hooli', 'Hooli'],
+];
+// hooli is closed after seeding; the lists hide closed tenants and budgets by default.
+const OPEN_TENANTS = ['acme', 'globex', 'initech'];
+
+// The seeded budgets. initech's two are pushed into debt by commits over their estimates
+// under ALLOW_WITH_OVERDRAFT; the TOKENS one then has its overdraft limit lowered below its
+// debt, which makes it over limit. staging is frozen; hooli's closes with its tenant.
+const B = {
+  acme: { tenant: 'acme', scope: 'tenant:acme', unit: UNIT, allocated: 5_000_000 },
+  prod: { tenant: 'acme', scope: 'tenant:acme/workspace:prod', unit: UNIT, allocated: 2_000_000 },
+  staging: {
+    tenant: 'acme', scope: 'tenant:acme/workspace:staging', unit: UNIT, allocated: 1_000_000,
+  },
+  globex: { tenant: 'globex', scope: 'tenant:globex', unit: UNIT, allocated: 9_000_000 },
+  initechUsd: {
+    tenant: 'initech', scope: 'tenant:initech', unit: UNIT, allocated: 1_000_000,
+    overdraft: 500_000,
+  },
+  initechTokens: {
+    tenant: 'initech', scope: 'tenant:initech', unit: 'TOKENS', allocated: 100_000,
+    overdraft: 50_000,
+  },
+  hooli: { tenant: 'hooli', scope: 'tenant:hooli', unit: UNIT, allocated: 750_000 },
+};
+for (const b of Object.values(B)) b.label = label(b.scope, b.unit);
+// What the budget list shows by default: every budget but the CLOSED one.
+const OPEN_BUDGETS = Object.values(B).filter((b) => b !== B.hooli).map((b) => b.label);
+
+async function reserve(key, subject, unit, amount, extra = {}) {
   const reservation = await api('POST', '/v1/reservations', {
-    key: acmeKey,
+    key,
     body: {
-      idempotency_key: `dashboard-seed-${Date.now()}`,
-      subject: { tenant: 'acme', workspace: 'prod' },
+      idempotency_key: `dashboard-seed-${randomUUID()}`,
+      subject,
       action: { kind: 'llm.completion', name: 'gpt-4o-mini' },
-      estimate: { unit: UNIT, amount: 125_000 },
+      estimate: { unit, amount },
       ttl_ms: 3_600_000,
+      ...extra,
     },
   });
-  return { budgets, reservationId: reservation.reservation_id };
+  return reservation.reservation_id;
+}
+
+async function commit(key, id, unit, amount) {
+  await api('POST', `/v1/reservations/${id}/commit`, {
+    key,
+    body: { idempotency_key: `dashboard-seed-${randomUUID()}`, actual: { unit, amount } },
+  });
+}
+
+async function seed() {
+  for (const [tenant_id, name] of TENANTS) {
+    await api('POST', '/v1/admin/tenants', { body: { tenant_id, name } });
+  }
+  for (const b of Object.values(B)) {
+    const body = {
+      tenant_id: b.tenant,
+      scope: b.scope,
+      unit: b.unit,
+      allocated: { unit: b.unit, amount: b.allocated },
+    };
+    if (b.overdraft) body.overdraft_limit = { unit: b.unit, amount: b.overdraft };
+    await api('POST', '/v1/admin/budgets', { body });
+  }
+  const keyOf = async (tenant_id, name, extra = {}) =>
+    (await api('POST', '/v1/admin/api-keys', { body: { tenant_id, name, ...extra } })).key_secret;
+  const acmeKey = await keyOf('acme', 'acme-agent');
+  await keyOf('globex', 'globex-agent');
+  const initechKey = await keyOf('initech', 'initech-agent');
+  // For the Overview's "expiring within 7 days" card and the API keys page's filter.
+  await keyOf('acme', 'acme-temp', {
+    expires_at: new Date(Date.now() + 3 * 86_400_000).toISOString(),
+  });
+
+  // acme's: two ACTIVE of different sizes (for the Reserved sort) and one COMMITTED (for the
+  // status filter).
+  const prod = { tenant: 'acme', workspace: 'prod' };
+  const reservations = {
+    small: await reserve(acmeKey, prod, UNIT, 125_000),
+    large: await reserve(acmeKey, { tenant: 'acme' }, UNIT, 300_000),
+    committed: await reserve(acmeKey, prod, UNIT, 50_000),
+  };
+  await commit(acmeKey, reservations.committed, UNIT, 40_000);
+
+  const overdraft = { overage_policy: 'ALLOW_WITH_OVERDRAFT' };
+  const initech = { tenant: 'initech' };
+  // 1 200 000 on 1 000 000 allocated: debt 200 000, within the 500 000 limit.
+  await commit(initechKey, await reserve(initechKey, initech, UNIT, 900_000, overdraft), UNIT,
+    1_200_000);
+  // 130 000 on 100 000: debt 30 000, within 50 000; then the limit goes down to 10 000.
+  await commit(initechKey, await reserve(initechKey, initech, 'TOKENS', 90_000, overdraft),
+    'TOKENS', 130_000);
+  const tokens = query({ scope: B.initechTokens.scope, unit: 'TOKENS' });
+  await api('PATCH', `/v1/admin/budgets?${tokens}`, {
+    body: { overdraft_limit: { unit: 'TOKENS', amount: 10_000 } },
+  });
+  await api('POST', `/v1/admin/budgets/freeze?${query({ scope: B.staging.scope, unit: UNIT })}`, {
+    body: { reason: 'seeded frozen' },
+  });
+  await api('PATCH', '/v1/admin/tenants/initech', { body: { status: 'SUSPENDED' } });
+  // Closing a tenant closes its budgets.
+  await api('PATCH', '/v1/admin/tenants/hooli', { body: { status: 'CLOSED' } });
+  return { reservations };
 }
 
 // ---------------------------------------------------------------------------------------
@@ -140,7 +248,7 @@ async function seed() {
 
 const problems = [];
 const gapsHit = new Map();
-// Pages a known gap keeps from rendering, as notes for the report.
+// Pages a known gap keeps from rendering fully, as notes for the report.
 const blocked = [];
 const dashboardIssues = new Set();
 // Failures the test provokes on purpose, as (method, path, status), each allowed once.
@@ -193,7 +301,7 @@ function watch(page) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Steps
+// Helpers for the steps
 // ---------------------------------------------------------------------------------------
 
 let page;
@@ -245,30 +353,95 @@ function dialog(title) {
   return page.getByRole('dialog', { name: title, exact: true });
 }
 
+function button(name, within = page) {
+  return within.getByRole('button', { name, exact: true });
+}
+
+function sortHeader(column) {
+  return page.getByRole('columnheader', { name: `Sort by ${column}`, exact: true });
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
 /** Polls `check` (an API read) until it returns true. */
 async function eventually(what, check) {
   const deadline = Date.now() + TIMEOUT_MS;
   for (;;) {
     if (await check()) return;
     if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    await sleep(100);
   }
 }
 
-async function tenantStatus(id) {
-  return (await api('GET', `/v1/admin/tenants/${id}`)).status;
+/** Polls `probe` (the page or the API) until it yields `want`; the error shows the last look. */
+async function until(what, probe, want) {
+  const expected = JSON.stringify(want);
+  const deadline = Date.now() + TIMEOUT_MS;
+  for (;;) {
+    const seen = JSON.stringify(await probe());
+    if (seen === expected) return;
+    if (Date.now() > deadline) throw new Error(`${what}: expected ${expected}, saw ${seen}`);
+    await sleep(100);
+  }
 }
 
-async function run() {
-  const { budgets, reservationId } = await seed();
-  console.log(`seeded 3 tenants, ${budgets.length} budgets, 2 keys, reservation ${reservationId}`);
+function same(what, seen, want) {
+  if (JSON.stringify(seen) !== JSON.stringify(want)) {
+    throw new Error(`${what}: expected ${JSON.stringify(want)}, got ${JSON.stringify(seen)}`);
+  }
+}
 
+const sorted = (list) => [...list].sort();
+
+/**
+ * The next answer to a GET of `path` whose query holds `params` (a null value: the parameter
+ * is absent). Call it before the action that sends the request; awaiting it proves the page
+ * asked the server for exactly that.
+ */
+function listed(path, params = {}) {
+  return page.waitForResponse((response) => {
+    const url = new URL(response.url());
+    return response.request().method() === 'GET' && url.pathname === path &&
+      Object.entries(params).every(([name, value]) =>
+        value === null ? !url.searchParams.has(name) : url.searchParams.get(name) === value);
+  });
+}
+
+/** The next answer to a POST of `path`, with the JSON body the page sent. */
+async function posted(path, act) {
+  const answer = page.waitForResponse((response) =>
+    response.request().method() === 'POST' && new URL(response.url()).pathname === path);
+  await act();
+  const response = await answer;
+  if (!response.ok()) throw new Error(`POST ${path} answered ${response.status()}`);
+  return { sent: response.request().postDataJSON(), url: new URL(response.url()),
+    answer: await response.json() };
+}
+
+/** The text of every cell of every body row of the page's table, in display order. */
+async function rowCells() {
+  return page.$$eval('[role="row"]', (rows) => rows
+    .filter((row) => row.querySelector('[role="cell"]'))
+    .map((row) => [...row.querySelectorAll('[role="cell"]')].map((cell) => cell.innerText.trim())));
+}
+
+function amount(n) {
+  return n.toLocaleString(LOCALE);
+}
+
+// ---------------------------------------------------------------------------------------
+// Login and Overview
+// ---------------------------------------------------------------------------------------
+
+async function login() {
   await step('a wrong admin key is refused and the login page stays', async () => {
     await page.goto('/login');
     await sees('Cycles Admin');
     expectFailure('GET', '/v1/auth/introspect', 401);
     await page.locator('#admin-api-key').fill('not-the-admin-key');
-    await page.getByRole('button', { name: 'Login', exact: true }).click();
+    await button('Login').click();
     await sees('Invalid admin key');
     if (new URL(page.url()).pathname !== '/login') {
       throw new Error(`left the login page: ${page.url()}`);
@@ -278,41 +451,183 @@ async function run() {
 
   await step('the admin key logs in and opens the overview', async () => {
     await page.locator('#admin-api-key').fill(ADMIN_KEY);
-    await page.getByRole('button', { name: 'Login', exact: true }).click();
+    await button('Login').click();
     await heading('Overview');
     await sees('What needs attention');
+  });
+}
+
+async function overview() {
+  await step('overview: the counters and cards show what was seeded', async () => {
+    // The server's figures first: the page must show these, and they must be the seed's.
+    const counts = await api('GET', '/v1/admin/overview');
+    const { total, active, suspended, closed } = counts.tenant_counts;
+    same('tenant counts', { total, active, suspended, closed },
+      { total: 4, active: 2, suspended: 1, closed: 1 });
+    const b = counts.budget_counts;
+    same('budget counts',
+      { total: b.total, active: b.active, frozen: b.frozen, closed: b.closed,
+        over_limit: b.over_limit, with_debt: b.with_debt },
+      { total: 7, active: 5, frozen: 1, closed: 1, over_limit: 1, with_debt: 2 });
+
+    const tenants = page.getByTestId('tile-tenants');
+    await tenants.getByRole('link', { name: '4', exact: true }).waitFor();
+    for (const chip of ['2 active', '1 suspended', '1 closed']) await sees(chip, tenants);
+    const budgets = page.getByTestId('tile-budgets');
+    await budgets.getByRole('link', { name: '7', exact: true }).waitFor();
+    for (const chip of ['5 active', '1 frozen', '1 closed', '1 over', '2 debt']) {
+      await sees(chip, budgets);
+    }
+
+    // The attention cards, each fed by its own budget or key list.
+    const debt = page.locator('#budgets-with-debt');
+    await sees(`${amount(200_000)} / ${amount(500_000)}`, debt);
+    await sees(`${amount(30_000)} / ${amount(10_000)}`, debt);
+    await sees(B.staging.scope, page.locator('#frozen-budgets'));
+    const atCap = page.getByTestId('budgets-at-cap-card');
+    await until('budgets at or near cap', async () =>
+      (await atCap.getByRole('link', { name: B.initechUsd.scope, exact: true }).count()), 2);
+    await sees('acme-temp', page.getByTestId('expiring-keys-card'));
     await screenshot('overview');
   });
+}
 
+// ---------------------------------------------------------------------------------------
+// Tenants
+// ---------------------------------------------------------------------------------------
+
+// A tenant row's cells: select, tenant id, name, parent, children, status, created, actions.
+
+/** The tenant ids of the listed rows, in display order. */
+async function tenantRows() {
+  return (await rowCells()).map((cells) => cells[1]);
+}
+
+/**
+ * Waits until the server gives the tenants the statuses of `want` (tenant id → status), then
+ * until the page shows the same for those of them it lists (`shown`).
+ */
+async function tenantsAre(what, want, shown = Object.keys(want)) {
+  const ids = Object.keys(want);
+  await until(`${what}, on the server`, () => Promise.all(ids.map(tenantStatus)),
+    ids.map((id) => want[id]));
+  await until(`${what}, on the page`, async () => {
+    const status = Object.fromEntries((await rowCells()).map((cells) => [cells[1], cells[5]]));
+    return shown.map((id) => status[id]);
+  }, shown.map((id) => want[id]));
+}
+
+async function tenantsPage() {
   await step('tenants: the seeded tenants are listed', async () => {
     await navigate('Tenants', 'Tenants');
-    for (const name of ['Acme Corp', 'Globex Industries', 'Initech']) await sees(name);
-    await sees('acme');
+    await until('the listed tenants', async () => sorted(await tenantRows()), OPEN_TENANTS);
+    for (const [id, name] of TENANTS) if (OPEN_TENANTS.includes(id)) await sees(name);
     await screenshot('tenants');
   });
 
   await step('tenants: suspend and reactivate one', async () => {
     await rowAction('Actions for tenant Globex Industries', 'Suspend');
-    await dialog('Suspend this tenant?').getByRole('button', { name: 'Suspend', exact: true })
-      .click();
+    await button('Suspend', dialog('Suspend this tenant?')).click();
     await sees('Tenant suspended');
-    await eventually('globex is SUSPENDED', async () =>
-      (await tenantStatus('globex')) === 'SUSPENDED');
-    await sees('SUSPENDED');
+    await tenantsAre('globex suspended', { globex: 'SUSPENDED' });
     await rowAction('Actions for tenant Globex Industries', 'Reactivate');
-    await dialog('Reactivate this tenant?').getByRole('button', { name: 'Reactivate', exact: true })
-      .click();
+    await button('Reactivate', dialog('Reactivate this tenant?')).click();
     await sees('Tenant reactivated');
-    await eventually('globex is ACTIVE again', async () =>
-      (await tenantStatus('globex')) === 'ACTIVE');
+    await tenantsAre('globex reactivated', { globex: 'ACTIVE' });
+  });
+
+  await step('tenants: the status filter and the closed-tenants toggle', async () => {
+    // Client-side: the page filters what it loaded, and keeps the filter in the URL.
+    const filter = page.getByLabel('Filter by tenant status', { exact: true });
+    for (const [status, want] of [['SUSPENDED', ['initech']], ['CLOSED', ['hooli']]]) {
+      await filter.selectOption(status);
+      await until(`the ${status} tenants`, tenantRows, want);
+      same(`the server's ${status} tenants`,
+        (await api('GET', `/v1/admin/tenants?status=${status}`)).tenants.map((t) => t.tenant_id),
+        want);
+      same('the URL', new URL(page.url()).searchParams.get('status'), status);
+      await screenshot(`tenants-${status.toLowerCase()}`);
+    }
+    await filter.selectOption('');
+    await until('the open tenants again', async () => sorted(await tenantRows()), OPEN_TENANTS);
+    // Closed tenants are hidden until asked for.
+    const showClosed = page.getByRole('checkbox', { name: 'Show closed tenants', exact: true });
+    await showClosed.check();
+    await tenantsAre('every tenant, closed ones too',
+      { acme: 'ACTIVE', globex: 'ACTIVE', initech: 'SUSPENDED', hooli: 'CLOSED' });
+    await showClosed.uncheck();
+    await until('the open tenants again', async () => sorted(await tenantRows()), OPEN_TENANTS);
+  });
+
+  await step('tenants: a column sort, both ways', async () => {
+    for (const dir of ['asc', 'desc']) {
+      const answered = listed('/v1/admin/tenants', { sort_by: 'name', sort_dir: dir });
+      await sortHeader('Name').click();
+      await answered;
+      const order = query({ sort_by: 'name', sort_dir: dir });
+      const all = (await api('GET', `/v1/admin/tenants?${order}`)).tenants;
+      const byName = ['acme', 'globex', 'hooli', 'initech'];
+      same(`the server's tenants by name ${dir}`, all.map((t) => t.tenant_id),
+        dir === 'asc' ? byName : byName.reverse());
+      // In the server's order, without the hidden closed one.
+      const want = all.filter((t) => t.status !== 'CLOSED').map((t) => t.tenant_id);
+      await until(`tenants by name ${dir}`, tenantRows, want);
+    }
+    await screenshot('tenants-sorted-by-name-desc');
+  });
+
+  await step('tenants: suspend, then reactivate, all tenants matching a search (bulk by filter)',
+    async () => {
+      const search = page.getByPlaceholder('Search by ID or name...');
+      const searched = listed('/v1/admin/tenants', { search: 'in' });
+      await search.fill('in');
+      await searched;
+      // "in" is in globex's name and in initech; initech is already suspended.
+      await until('tenants matching "in"', async () => sorted(await tenantRows()),
+        ['globex', 'initech']);
+      await bulkTenantsByFilter('Suspend', 'SUSPEND', { status: 'ACTIVE', search: 'in' },
+        ['globex']);
+      await sees('1/1 tenants suspended');
+      await tenantsAre('statuses after the bulk suspend',
+        { acme: 'ACTIVE', globex: 'SUSPENDED', initech: 'SUSPENDED' }, ['globex', 'initech']);
+      await screenshot('tenants-bulk-suspended');
+
+      await bulkTenantsByFilter('Reactivate', 'REACTIVATE', { status: 'SUSPENDED', search: 'in' },
+        ['globex', 'initech']);
+      await sees('2/2 tenants reactivated');
+      await tenantsAre('statuses after the bulk reactivate',
+        { acme: 'ACTIVE', globex: 'ACTIVE', initech: 'ACTIVE' }, ['globex', 'initech']);
+      await search.fill('');
+      await until('the open tenants again', async () => sorted(await tenantRows()), OPEN_TENANTS);
+    });
+
+  await step('tenants: suspend and reactivate selected rows (row-select bulk)', async () => {
+    await page.getByRole('checkbox', { name: 'Select Globex Industries', exact: true }).check();
+    await page.getByRole('checkbox', { name: 'Select Initech', exact: true }).check();
+    const bar = page.getByRole('toolbar', { name: 'Bulk tenant actions' });
+    await sees('2 selected', bar);
+    await screenshot('tenants-selected');
+    await button('Suspend', bar).click();
+    await button('Suspend all', dialog('Suspend 2 tenants?')).click();
+    await sees('2/2 tenants suspended');
+    await tenantsAre('statuses after suspending the selection',
+      { acme: 'ACTIVE', globex: 'SUSPENDED', initech: 'SUSPENDED' });
+
+    // Back to the seeded state: only globex reactivated.
+    await page.getByRole('checkbox', { name: 'Select Globex Industries', exact: true }).check();
+    await button('Reactivate', bar).click();
+    await button('Reactivate all', dialog('Reactivate 1 tenants?')).click();
+    await sees('1/1 tenants reactivated');
+    await tenantsAre('statuses after reactivating the selection',
+      { acme: 'ACTIVE', globex: 'ACTIVE', initech: 'SUSPENDED' });
   });
 
   await step('tenants: create one through the form', async () => {
-    await page.getByRole('button', { name: 'Create Tenant', exact: true }).click();
+    await button('Create Tenant').click();
     const form = dialog('Create Tenant');
     await form.locator('#ct-id').fill('umbrella');
     await form.locator('#ct-name').fill('Umbrella Labs');
-    await form.getByRole('button', { name: 'Create Tenant', exact: true }).click();
+    await button('Create Tenant', form).click();
     await sees("Tenant 'Umbrella Labs' created");
     const created = await api('GET', '/v1/admin/tenants/umbrella');
     if (created.name !== 'Umbrella Labs' || created.status !== 'ACTIVE') {
@@ -321,7 +636,36 @@ async function run() {
     // The form opens the new tenant's page.
     await page.waitForURL('**/tenants/umbrella');
   });
+}
 
+/**
+ * The "Apply to all matching filter" flow: the preview counts the matches (its samples are
+ * `ids`), then the submit sends one bulk-action with the filter and the counted total as
+ * expected_count; every match must succeed.
+ */
+async function bulkTenantsByFilter(verb, action, filter, ids) {
+  const group = page.getByRole('group', {
+    name: 'Apply action to all tenants matching the current filter',
+  });
+  await button(`${verb} all`, group).click();
+  const preview = dialog(`${verb} tenants matching filter`);
+  const confirm = button(`${verb} ${ids.length} tenants`, preview);
+  await confirm.waitFor();
+  await sees(`status=${filter.status} AND search="${filter.search}"`, preview);
+  const samples = await preview.getByRole('list', { name: 'Sample of matching items' })
+    .getByRole('listitem').allInnerTexts();
+  same(`the ${verb} preview's samples`, sorted(samples.map((s) => s.split(/\s+/)[0])), ids);
+  await screenshot(`tenants-bulk-${slug(verb)}-preview`);
+  const { sent, answer } = await posted('/v1/admin/tenants/bulk-action', () => confirm.click());
+  same('the bulk request', { filter: sent.filter, action: sent.action,
+    expected_count: sent.expected_count }, { filter, action, expected_count: ids.length });
+  same('the bulk outcome', {
+    succeeded: sorted(answer.succeeded.map((r) => r.id)), failed: answer.failed,
+    skipped: answer.skipped, total_matched: answer.total_matched,
+  }, { succeeded: ids, failed: [], skipped: [], total_matched: ids.length });
+}
+
+async function tenantDetail() {
   await step('tenant detail: a deep link to a tenant loads the app', async () => {
     const webhooks = page.waitForResponse((response) => {
       const url = new URL(response.url());
@@ -348,21 +692,91 @@ async function run() {
     }
     await screenshot('tenant-detail');
   });
+}
 
-  let secret = '';
+// ---------------------------------------------------------------------------------------
+// API keys
+// ---------------------------------------------------------------------------------------
+
+// A key row's cells: key id (masked), name, tenant, status, permissions, scope filter,
+// created, expires, actions.
+
+/** The key names of the listed rows, in display order. */
+async function keyRows() {
+  return (await rowCells()).map((cells) => cells[1]);
+}
+
+async function serverKeys(params = {}) {
+  return (await api('GET', `/v1/admin/api-keys?${query({ limit: '100', ...params })}`)).keys;
+}
+
+const SEEDED_KEYS = ['acme-agent', 'acme-temp', 'globex-agent', 'initech-agent'];
+
+async function apiKeysPage() {
   await step('api keys: the seeded keys are listed', async () => {
     await navigate('API Keys', 'API Keys');
-    await sees('acme-agent');
-    await sees('globex-agent');
+    await until('the listed keys', async () => sorted(await keyRows()), SEEDED_KEYS);
     await screenshot('api-keys');
   });
 
+  await step('api keys: the tenant filter asks the server for that tenant\'s keys', async () => {
+    const answered = listed('/v1/admin/api-keys', { tenant_id: 'globex' });
+    await page.locator('#keys-tenant').selectOption('globex');
+    await answered;
+    await until('globex\'s keys', keyRows, ['globex-agent']);
+    same('the server\'s globex keys',
+      (await serverKeys({ tenant_id: 'globex' })).map((k) => k.name), ['globex-agent']);
+    await screenshot('api-keys-tenant-globex');
+    await page.locator('#keys-tenant').selectOption('');
+    await until('every key again', async () => sorted(await keyRows()), SEEDED_KEYS);
+  });
+
+  await step('api keys: search, then Clear', async () => {
+    const answered = listed('/v1/admin/api-keys', { search: 'temp' });
+    await page.locator('#keys-search').fill('temp');
+    await answered;
+    await until('keys matching "temp"', keyRows, ['acme-temp']);
+    same('the server\'s keys matching "temp"', (await serverKeys({ search: 'temp' }))
+      .map((k) => k.name), ['acme-temp']);
+    await screenshot('api-keys-search');
+    await button('Clear').click();
+    await until('every key again', async () => sorted(await keyRows()), SEEDED_KEYS);
+  });
+
+  await step('api keys: a column sort, both ways', async () => {
+    for (const dir of ['asc', 'desc']) {
+      const answered = listed('/v1/admin/api-keys', { sort_by: 'name', sort_dir: dir });
+      await sortHeader('Name').click();
+      await answered;
+      const want = (await serverKeys({ sort_by: 'name', sort_dir: dir })).map((k) => k.name);
+      same(`the server's keys by name ${dir}`, want,
+        dir === 'asc' ? SEEDED_KEYS : [...SEEDED_KEYS].reverse());
+      await until(`keys by name ${dir}`, keyRows, want);
+    }
+  });
+
+  await step('api keys: "expiring within 7 days", from the Overview card', async () => {
+    await navigate('Overview', 'Overview');
+    await page.getByTestId('expiring-keys-card').getByRole('link', { name: 'View all' }).click();
+    await heading('API Keys');
+    await page.getByTestId('api-keys-expiring-filter-chip').waitFor();
+    await until('the keys expiring within 7 days', keyRows, ['acme-temp']);
+    const week = Date.now() + 7 * 86_400_000;
+    same('the server\'s keys expiring within 7 days', (await serverKeys())
+      .filter((k) => k.status === 'ACTIVE' && k.expires_at && Date.parse(k.expires_at) < week)
+      .map((k) => k.name), ['acme-temp']);
+    await screenshot('api-keys-expiring');
+    await button('Remove expiring-within-7d filter').click();
+    await until('every key again', async () => sorted(await keyRows()), SEEDED_KEYS);
+  });
+
+  let secret = '';
   await step('api keys: create one and see its secret once', async () => {
-    await page.getByRole('button', { name: 'Create API Key', exact: true }).click();
+    await button('Create API Key').click();
     const form = dialog('Create API Key');
     await form.locator('#ck-tenant').selectOption('acme');
     await form.locator('#ck-name').fill('browser-key');
-    await form.getByRole('button', { name: 'Create Key', exact: true }).click();
+    await button('Create Key', form).click();
     const reveal = dialog('API Key Created');
     await sees('This secret will not be shown again. Copy it now.', reveal);
     secret = (await reveal.locator('code').innerText()).trim();
@@ -370,19 +784,19 @@ async function run() {
     // The secret shown is a working key of the tenant.
     await api('GET', '/v1/balances?tenant=acme', { key: secret });
     await reveal.getByRole('checkbox').check();
-    await reveal.getByRole('button', { name: 'Close', exact: true }).click();
+    await button('Close', reveal).click();
     await sees('browser-key');
     await screenshot('api-keys-created');
   });
 
   const keyNamed = async (name) =>
-    (await api('GET', '/v1/admin/api-keys?tenant_id=acme')).keys.find((k) => k.name === name);
+    (await serverKeys({ tenant_id: 'acme' })).find((k) => k.name === name);
 
   await step('api keys: rename the new key', async () => {
     await rowAction('Actions for API key browser-key', 'Edit');
     const form = dialog('Edit API Key');
     await form.locator('#ek-name').fill('browser-key-renamed');
-    await form.getByRole('button', { name: 'Save Changes', exact: true }).click();
+    await button('Save Changes', form).click();
     await sees('API key updated');
     await sees('browser-key-renamed');
     await eventually('the key is renamed', async () =>
@@ -391,12 +805,12 @@ async function run() {
 
   await step('api keys: revoke it', async () => {
     await rowAction('Actions for API key browser-key-renamed', 'Revoke');
-    await dialog('Revoke this API key?').getByRole('button', { name: 'Revoke Key', exact: true })
-      .click();
+    await button('Revoke Key', dialog('Revoke this API key?')).click();
     await sees('API key revoked');
     await eventually('the key is REVOKED', async () =>
       (await keyNamed('browser-key-renamed'))?.status === 'REVOKED');
     // Revoked keys are hidden until asked for.
+    await until('the revoked key is hidden', async () => (await keyRows()).length, 4);
     await page.getByRole('checkbox', { name: /^Show .* keys$/ }).check();
     await sees('REVOKED');
     // And the secret no longer works.
@@ -406,32 +820,412 @@ async function run() {
     if (refused.status !== 401) throw new Error(`a revoked key answered ${refused.status}`);
   });
 
+  await step('api keys: the status filter (client-side)', async () => {
+    const status = page.locator('#keys-status');
+    for (const [value, want] of [
+      ['REVOKED', ['browser-key-renamed']],
+      ['ACTIVE', SEEDED_KEYS],
+    ]) {
+      await status.selectOption(value);
+      await until(`the ${value} keys`, async () => sorted(await keyRows()), want);
+      same(`the server's ${value} keys`,
+        sorted((await serverKeys()).filter((k) => k.status === value).map((k) => k.name)), want);
+      await screenshot(`api-keys-${value.toLowerCase()}`);
+    }
+    await status.selectOption('');
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Budgets
+// ---------------------------------------------------------------------------------------
+
+// A budget row's cells: select, tenant, scope (followed by an OVER badge when over limit),
+// unit, status, overage policy, utilization, debt, actions.
+const OVER_BADGE = /\s*OVER$/;
+
+function budgetOfRow(cells) {
+  return label(cells[2].replace(OVER_BADGE, ''), cells[3]);
+}
+
+/** The listed budgets as "scope unit" labels, in display order. */
+async function budgetRows() {
+  return (await rowCells()).map(budgetOfRow);
+}
+
+/** The cells of the row of budget `b`. */
+async function budgetRow(b) {
+  return (await rowCells()).find((cells) => budgetOfRow(cells) === b.label);
+}
+
+async function rowStatus(b) {
+  return (await budgetRow(b))?.[4];
+}
+
+/**
+ * Applies one list filter, checks the request carried `params`, that the rows are `want`
+ * and that the server lists the same budgets for those parameters, then undoes it.
+ */
+async function budgetFilter(what, params, want, apply, undo) {
+  const answered = listed('/v1/admin/budgets', params);
+  await apply();
+  await answered;
+  await until(`budgets with ${what}`, async () => sorted(await budgetRows()), sorted(want));
+  const closed = params.status === 'CLOSED';
+  same(`the server's budgets with ${what}`, sorted(await serverBudgets(params, { closed })),
+    sorted(want));
+  await screenshot(`budgets-${slug(what)}`);
+  await undo();
+  await until('the open budgets again', async () => sorted(await budgetRows()),
+    sorted(OPEN_BUDGETS));
+}
+
+/** The detail card's figure under `name` (Allocated, Remaining...). */
+async function figure(name) {
+  const panel = page.locator('.info-panel').filter({
+    has: page.locator('.form-label', { hasText: new RegExp(`^${name}$`) }),
+  });
+  return (await panel.locator('.font-semibold').innerText()).trim();
+}
+
+/** Waits until the detail card shows the server's current figures for budget `b`. */
+async function figuresMatchServer(b) {
+  const names = ['Allocated', 'Remaining', 'Reserved', 'Spent', 'Debt', 'Overdraft Limit'];
+  const fields = ['allocated', 'remaining', 'reserved', 'spent', 'debt', 'overdraft_limit'];
+  const server = await budget(b.scope, b.unit);
+  const want = fields.map((f) => amount(server[f]?.amount ?? 0));
+  await until(`the figures of ${b.label}`, () => Promise.all(names.map(figure)), want);
+  return server;
+}
+
+async function budgetsPage() {
   await step('budgets: the seeded budgets are listed', async () => {
     await navigate('Budgets', 'Budgets');
-    for (const [, scope] of budgets) await sees(scope);
+    await until('the listed budgets', async () => sorted(await budgetRows()), sorted(OPEN_BUDGETS));
+    same('the server\'s open budgets', sorted(await serverBudgets()), sorted(OPEN_BUDGETS));
     await screenshot('budgets');
   });
 
-  await step('reservations: the seeded ACTIVE reservation is listed', async () => {
+  await step('budgets: the status, unit, tenant, scope prefix, search and utilization filters',
+    async () => {
+      const select = (id, value) => () => page.locator(id).selectOption(value);
+      const fill = (id, value) => () => page.locator(id).fill(value);
+      await budgetFilter('status FROZEN', { status: 'FROZEN' }, [B.staging.label],
+        select('#budget-status', 'FROZEN'), select('#budget-status', ''));
+      // Asking for CLOSED shows closed budgets, hidden otherwise.
+      await budgetFilter('status CLOSED', { status: 'CLOSED' }, [B.hooli.label],
+        select('#budget-status', 'CLOSED'), select('#budget-status', ''));
+      await budgetFilter('unit TOKENS', { unit: 'TOKENS' }, [B.initechTokens.label],
+        select('#budget-unit', 'TOKENS'), select('#budget-unit', ''));
+      await budgetFilter('tenant acme', { tenant_id: 'acme' },
+        [B.acme.label, B.prod.label, B.staging.label],
+        select('#budget-tenant', 'acme'), select('#budget-tenant', ''));
+      await budgetFilter('scope prefix', { scope_prefix: 'tenant:acme/' },
+        [B.prod.label, B.staging.label],
+        fill('#budget-scope', 'tenant:acme/'), fill('#budget-scope', ''));
+      await budgetFilter('search', { search: 'glob' }, [B.globex.label],
+        fill('#budget-search', 'glob'), fill('#budget-search', ''));
+      // The page takes percents and sends ratios. initech's budgets spent all they had.
+      await budgetFilter('utilization at least 90%', { utilization_min: '0.9' },
+        [B.initechUsd.label, B.initechTokens.label],
+        fill('#budget-util-min', '90'), fill('#budget-util-min', ''));
+      await budgetFilter('utilization at most 50%', { utilization_max: '0.5' },
+        [B.acme.label, B.prod.label, B.staging.label, B.globex.label],
+        fill('#budget-util-max', '50'), fill('#budget-util-max', ''));
+    });
+
+  await step('budgets: closed budgets are hidden until asked for', async () => {
+    const showClosed = page.getByRole('checkbox', { name: 'Show closed budgets', exact: true });
+    await showClosed.check();
+    const every = Object.values(B).map((b) => b.label);
+    await until('every budget, closed ones too', async () => sorted(await budgetRows()),
+      sorted(every));
+    same('the server\'s budgets', sorted(await serverBudgets({}, { closed: true })), sorted(every));
+    await until('the closed budget\'s status', () => rowStatus(B.hooli), 'CLOSED');
+    await screenshot('budgets-show-closed');
+    await showClosed.uncheck();
+    await until('the open budgets again', async () => sorted(await budgetRows()),
+      sorted(OPEN_BUDGETS));
+  });
+
+  await step('budgets: over limit, with debt and frozen, from the Overview chips', async () => {
+    // Each chip opens the list with a route query the page turns into a list filter.
+    for (const [chip, title, params, want, banner] of [
+      ['1 over', 'Over-limit Budgets', { over_limit: 'true' }, [B.initechTokens.label],
+        'Showing over-limit across all tenants'],
+      ['2 debt', 'Budgets with Debt', { has_debt: 'true' },
+        [B.initechUsd.label, B.initechTokens.label],
+        'Showing budgets with debt across all tenants'],
+      ['1 frozen', 'Budgets', { status: 'FROZEN' }, [B.staging.label], null],
+    ]) {
+      await navigate('Overview', 'Overview');
+      const answered = listed('/v1/admin/budgets', params);
+      await page.getByTestId('tile-budgets').getByRole('link', { name: chip, exact: true }).click();
+      await heading(title);
+      await answered;
+      if (banner) await sees(banner);
+      await until(`the budgets behind "${chip}"`, async () => sorted(await budgetRows()),
+        sorted(want));
+      same(`the server's budgets for ${JSON.stringify(params)}`,
+        sorted(await serverBudgets(params)), sorted(want));
+      await screenshot(`budgets-${slug(chip)}`);
+    }
+    // The frozen chip pre-sets the status filter rather than a cross-tenant view.
+    same('the status filter', await page.locator('#budget-status').inputValue(), 'FROZEN');
+    await page.locator('#budget-status').selectOption('');
+    await until('the open budgets again', async () => sorted(await budgetRows()),
+    sorted(OPEN_BUDGETS));
+    // The over-limit row carries the OVER badge.
+    const over = (await rowCells()).filter((cells) => OVER_BADGE.test(cells[2])).map(budgetOfRow);
+    same('the rows with an OVER badge', over, [B.initechTokens.label]);
+  });
+
+  await step('budgets: a column sort, both ways', async () => {
+    for (const dir of ['asc', 'desc']) {
+      const answered = listed('/v1/admin/budgets', { sort_by: 'scope', sort_dir: dir });
+      await sortHeader('Scope').click();
+      await answered;
+      const want = await serverBudgets({ sort_by: 'scope', sort_dir: dir });
+      const scopes = want.map((l) => l.split(' ')[0]);
+      const ordered = sorted(scopes);
+      same(`the server's order by scope ${dir}`, scopes,
+        dir === 'asc' ? ordered : ordered.reverse());
+      await until(`budgets by scope ${dir}`, budgetRows, want);
+    }
+    await screenshot('budgets-sorted-by-scope-desc');
+  });
+
+  await step('budgets: unfreeze a row from its menu, refreeze it as a selected row', async () => {
+    await rowAction(`Actions for budget ${B.staging.scope}`, 'Unfreeze');
+    await button('Unfreeze Budget', dialog('Unfreeze this budget?')).click();
+    await sees('Budget unfrozen');
+    await eventually('staging is ACTIVE', async () =>
+      (await budget(B.staging.scope)).status === 'ACTIVE');
+    await until('the staging row\'s status', () => rowStatus(B.staging), 'ACTIVE');
+
+    await page.getByRole('checkbox', { name: `Select budget ${B.staging.scope}`, exact: true })
+      .check();
+    const bar = page.getByRole('toolbar', { name: 'Bulk budget actions' });
+    await sees('1 selected', bar);
+    await button('Freeze', bar).click();
+    await button('Freeze all', dialog('Freeze 1 budgets?')).click();
+    await sees('1/1 budgets frozen');
+    await eventually('staging is FROZEN again', async () =>
+      (await budget(B.staging.scope)).status === 'FROZEN');
+    await until('the staging row\'s status', () => rowStatus(B.staging), 'FROZEN');
+    await screenshot('budgets-row-frozen');
+  });
+
+  await step('budget detail: opens from its scope, with the server\'s figures', async () => {
+    const opened = listed('/v1/admin/budgets/lookup', { scope: B.acme.scope, unit: UNIT });
+    await page.getByRole('link', { name: B.acme.scope, exact: true }).click();
+    await heading('Budget Detail');
+    await opened;
+    const url = new URL(page.url());
+    same('the detail route', [url.pathname, url.searchParams.get('scope'),
+      url.searchParams.get('unit')], ['/budgets', B.acme.scope, UNIT]);
+    await page.getByRole('heading', { level: 2, name: B.acme.scope, exact: true }).waitFor();
+    const server = await figuresMatchServer(B.acme);
+    // 425 000 held by the two active reservations, 40 000 spent by the committed one.
+    same('acme\'s seeded figures', [server.allocated.amount, server.reserved.amount,
+      server.spent.amount, server.remaining.amount], [5_000_000, 425_000, 40_000, 4_535_000]);
+    if ([...gapsHit.keys()].some((gap) => gap.startsWith('GET /v1/admin/events '))) {
+      blocked.push('Budget detail: the event timeline stays empty and an error banner shows; ' +
+        'its events call is a known gap');
+    }
+    await screenshot('budget-detail');
+  });
+
+  await step('budget detail: fund it (CREDIT) through the form', async () => {
+    const before = await budget(B.acme.scope);
+    await button('Fund Budget').click();
+    const form = dialog('Fund Budget');
+    await form.locator('#fund-op').selectOption('CREDIT');
+    await form.locator('#fund-amount').fill('1000000');
+    await form.locator('#fund-reason').fill('Quarterly top-up');
+    const { sent, url } = await posted('/v1/admin/budgets/fund',
+      () => button('Execute', form).click());
+    same('the fund request', [url.searchParams.get('tenant_id'), url.searchParams.get('scope'),
+      sent.operation, sent.amount, sent.reason],
+    ['acme', B.acme.scope, 'CREDIT', { unit: UNIT, amount: 1_000_000 }, 'Quarterly top-up']);
+    await sees('Budget credited');
+    const after = await figuresMatchServer(B.acme);
+    same('allocated and remaining after the credit',
+      [after.allocated.amount, after.remaining.amount],
+      [before.allocated.amount + 1_000_000, before.remaining.amount + 1_000_000]);
+    await screenshot('budget-detail-funded');
+  });
+
+  await step('budget detail: edit the overdraft limit and the commit overage policy', async () => {
+    await button('Edit').click();
+    const form = dialog('Edit Budget Config');
+    await form.locator('#eb-overdraft').fill('250000');
+    await form.locator('#eb-overage').selectOption('ALLOW_WITH_OVERDRAFT');
+    await button('Save Changes', form).click();
+    await sees('Budget config updated');
+    await eventually('the budget has the new config', async () => {
+      const b = await budget(B.acme.scope);
+      return b.overdraft_limit?.amount === 250_000 &&
+        b.commit_overage_policy === 'ALLOW_WITH_OVERDRAFT';
+    });
+    await figuresMatchServer(B.acme);
+    await sees('ALLOW_WITH_OVERDRAFT');
+    await screenshot('budget-detail-edited');
+  });
+
+  await step('budget detail: freeze and unfreeze', async () => {
+    await button('Freeze').click();
+    await button('Freeze Budget', dialog('Freeze this budget?')).click();
+    await sees('Budget frozen');
+    await eventually('acme is FROZEN', async () =>
+      (await budget(B.acme.scope)).status === 'FROZEN');
+    // A frozen budget offers Unfreeze, and no funding.
+    await button('Unfreeze').waitFor();
+    await sees('FROZEN');
+    if (await button('Fund Budget').isVisible()) throw new Error('a frozen budget offers funding');
+    await screenshot('budget-detail-frozen');
+    await button('Unfreeze').click();
+    await button('Unfreeze Budget', dialog('Unfreeze this budget?')).click();
+    await sees('Budget unfrozen');
+    await eventually('acme is ACTIVE', async () =>
+      (await budget(B.acme.scope)).status === 'ACTIVE');
+    await button('Fund Budget').waitFor();
+  });
+
+  await step('budgets: bulk CREDIT of a tenant\'s ACTIVE budgets, by filter', async () => {
+    await button('Back to budgets').click();
+    await heading('Budgets');
+    const scoped = listed('/v1/admin/budgets', { tenant_id: 'acme' });
+    await page.locator('#budget-tenant').selectOption('acme');
+    await scoped;
+    const acmes = [B.acme, B.prod, B.staging];
+    await until('acme\'s budgets', async () => sorted(await budgetRows()),
+      sorted(acmes.map((b) => b.label)));
+    const before = await Promise.all(acmes.map((b) => budget(b.scope)));
+
+    await button('Bulk action…').click();
+    const setup = dialog('Bulk budget action');
+    await setup.locator('#bulk-op').selectOption('CREDIT');
+    await setup.locator('#bulk-unit').selectOption(UNIT);
+    await setup.locator('#bulk-amount').fill('500000');
+    await setup.locator('#bulk-reason').fill('Launch week');
+    await button('Preview', setup).click();
+    // CREDIT applies to ACTIVE budgets only: staging, frozen, is not counted.
+    const preview = dialog('Credit budgets matching filter');
+    const confirm = button('Credit 2 budgets', preview);
+    await confirm.waitFor();
+    await sees('tenant_id=acme AND status=ACTIVE', preview);
+    const samples = await preview.getByRole('list', { name: 'Sample of matching items' })
+      .getByRole('listitem').allInnerTexts();
+    same('the preview\'s samples', sorted(samples.map((s) => s.split(/\s+/)[1])),
+      sorted([B.acme.scope, B.prod.scope]));
+    await screenshot('budgets-bulk-credit-preview');
+    const { sent, answer } = await posted('/v1/admin/budgets/bulk-action', () => confirm.click());
+    same('the bulk request', [sent.filter, sent.action, sent.amount, sent.reason,
+      sent.expected_count], [{ tenant_id: 'acme', status: 'ACTIVE' }, 'CREDIT',
+      { unit: UNIT, amount: 500_000 }, 'Launch week', 2]);
+    same('the bulk outcome', [answer.succeeded.length, answer.failed, answer.skipped,
+      answer.total_matched], [2, [], [], 2]);
+    await sees('2/2 budgets credited');
+    const after = await Promise.all(acmes.map((b) => budget(b.scope)));
+    same('allocated after the bulk credit', after.map((b) => b.allocated.amount),
+      [before[0].allocated.amount + 500_000, before[1].allocated.amount + 500_000,
+        before[2].allocated.amount]);
+    await screenshot('budgets-bulk-credited');
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Reservations
+// ---------------------------------------------------------------------------------------
+
+// A reservation row's cells: id, scope, status, reserved, created, expires, actions.
+
+/** The reservation ids of the listed rows, in display order. */
+async function reservationRows() {
+  return (await rowCells()).map((cells) => cells[0]);
+}
+
+async function serverReservations(params) {
+  const list = await api('GET',
+    `/v1/reservations?${query({ tenant: 'acme', limit: '100', ...params })}`);
+  return list.reservations.map((r) => r.reservation_id);
+}
+
+async function reservationsPage({ reservations: r }) {
+  await step('reservations: the seeded ACTIVE reservations are listed', async () => {
+    // Set up before the page opens: it lists the first ACTIVE tenant's on its own, which may
+    // be acme's already.
+    const answered = listed('/v1/reservations', { tenant: 'acme', status: 'ACTIVE' });
     await navigate('Reservations', 'Reservations');
     await page.locator('#res-tenant').selectOption('acme');
-    await sees(reservationId);
+    await answered;
+    await until('acme\'s ACTIVE reservations', async () => sorted(await reservationRows()),
+      sorted([r.small, r.large]));
+    same('the server\'s', sorted(await serverReservations({ status: 'ACTIVE' })),
+      sorted([r.small, r.large]));
     await sees('tenant:acme/workspace:prod');
     await screenshot('reservations');
   });
 
-  await step('reservations: force release it', async () => {
-    await rowAction(`Actions for reservation ${reservationId}`, 'Force release');
-    await dialog('Force release this reservation?')
-      .getByRole('button', { name: 'Force release', exact: true }).click();
-    await sees(`Reservation ${reservationId} released`);
-    await sees('No ACTIVE reservations for this tenant');
-    const released = await api('GET', `/v1/reservations/${reservationId}`);
+  await step('reservations: a column sort, both ways', async () => {
+    for (const [dir, want] of [['asc', [r.small, r.large]], ['desc', [r.large, r.small]]]) {
+      const answered = listed('/v1/reservations', { sort_by: 'reserved', sort_dir: dir });
+      await sortHeader('Reserved').click();
+      await answered;
+      same(`the server's order by reserved ${dir}`,
+        await serverReservations({ status: 'ACTIVE', sort_by: 'reserved', sort_dir: dir }), want);
+      await until(`reservations by reserved ${dir}`, reservationRows, want);
+    }
+    await screenshot('reservations-sorted-by-reserved-desc');
+  });
+
+  await step('reservations: the status filter', async () => {
+    const status = page.locator('#res-status');
+    for (const [value, want] of [
+      ['COMMITTED', [r.committed]],
+      ['', [r.small, r.large, r.committed]],
+    ]) {
+      const answered = listed('/v1/reservations', { status: value || null });
+      await status.selectOption(value);
+      await answered;
+      await until(`the ${value || 'all'} reservations`, async () => sorted(await reservationRows()),
+        sorted(want));
+      same(`the server's ${value || 'all'}`,
+        sorted(await serverReservations(value ? { status: value } : {})), sorted(want));
+      await screenshot(`reservations-${(value || 'all').toLowerCase()}`);
+    }
+    await status.selectOption('ACTIVE');
+    await until('the ACTIVE reservations again', async () => sorted(await reservationRows()),
+      sorted([r.small, r.large]));
+  });
+
+  await step('reservations: force release one', async () => {
+    await rowAction(`Actions for reservation ${r.small}`, 'Force release');
+    await button('Force release', dialog('Force release this reservation?')).click();
+    await sees(`Reservation ${r.small} released`);
+    await until('the ACTIVE reservations after the release', reservationRows, [r.large]);
+    const released = await api('GET', `/v1/reservations/${r.small}`);
     if (released.status !== 'RELEASED') {
       throw new Error(`the reservation reads back as ${released.status}`);
     }
+    await page.locator('#res-status').selectOption('RELEASED');
+    await until('the RELEASED reservations', reservationRows, [r.small]);
     await screenshot('reservations-released');
   });
+}
+
+async function run() {
+  const seeded = await seed();
+  console.log(`seeded ${TENANTS.length} tenants, ${Object.keys(B).length} budgets, ` +
+    `${SEEDED_KEYS.length} keys, 3 reservations`);
+  await login();
+  await overview();
+  await tenantsPage();
+  await tenantDetail();
+  await apiKeysPage();
+  await budgetsPage();
+  await reservationsPage(seeded);
 }
 
 async function main() {
@@ -451,6 +1245,7 @@ async function main() {
       '--disable-sync',
     ],
     baseURL: BASE,
+    locale: LOCALE,
     viewport: { width: 1440, height: 900 },
   });
   context.setDefaultTimeout(TIMEOUT_MS);
