@@ -52,6 +52,8 @@ ADMIN_ROUTES: list[tuple[str, str, int, str]] = [
     ("GET", r"/v1/auth/introspect", 200, "AuthIntrospectResponse"),
     ("POST", r"/v1/auth/validate", 200, "ApiKeyValidationResponse"),
     ("GET", r"/v1/admin/overview", 200, "AdminOverviewResponse"),
+    # The admin spec's form of getBalances (whole ledgers), asked for with its parameters.
+    ("GET", r"/v1/balances", 200, "BalanceListResponse"),
 ]
 
 

@@ -47,6 +47,8 @@ def test_lists_updates_and_bulk_actions_match_the_schemas(server: Server) -> Non
         mine = ok(tenant.get("/v1/auth/introspect"))
         assert mine["auth_type"] == "tenant" and mine["tenant_id"] == ids[0]
         assert mine["scope_filter"] == ["agent:*"]
+        ledgers = ok(tenant.get("/v1/balances", params={"tenant_id": ids[0]}))
+        assert ledgers == {"balances": [], "has_more": False}, "no budget yet"
     valid = ok(admin.post("/v1/auth/validate", json={"key_secret": created["key_secret"]}))
     assert valid["valid"] is True and valid["tenant_id"] == ids[0]
     unknown = ok(admin.post("/v1/auth/validate", json={"key_secret": "cyc_live_" + "0" * 32}))

@@ -4,7 +4,7 @@ use crate::extensions::check_observe_mode;
 use crate::WireName;
 use ledger::{
     Actor, CommitResult, DecideResult, EventResult, ExtendResult, GetBalances, Idempotency,
-    ReleaseResult, Reservation, ReserveResult,
+    ReleaseResult, Reservation, ReserveResult, Unit,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -16,7 +16,7 @@ use crate::schema::{AppliedStatus, CommittedStatus, DecisionEnum, ExtendedStatus
 use crate::validate::{idempotency_key, len_between, max_len, non_negative, range};
 use crate::{
     decode_budget_cursor, fingerprint, Action, Amount, ApiError, Balance, StandardMetrics, Subject,
-    Validate, WirePolicy,
+    Validate, WirePolicy, WireUnit,
 };
 
 pub const DEFAULT_GRACE_MS: i64 = 5_000;
@@ -82,6 +82,15 @@ pub struct BalanceParams {
     /// Validated (`true` or `false`) but without effect: budgets below the named scope
     /// are always included.
     pub include_children: Option<bool>,
+    /// The admin spec's form of this operation: `tenant_id` (must be the key's tenant),
+    /// `scope_prefix` and `unit` select whole ledgers (`BudgetLedger` rows) instead of the
+    /// runtime's balances. The two forms' parameters do not mix.
+    pub tenant_id: Option<String>,
+    /// Admin form: only scopes starting with this prefix (case-insensitive).
+    pub scope_prefix: Option<String>,
+    /// Admin form: only budgets in this unit.
+    #[param(inline)]
+    pub unit: Option<WireUnit>,
     /// From the previous page's `next_cursor`.
     pub cursor: Option<String>,
     /// Page size, 1–200; defaults to 50.
@@ -89,10 +98,19 @@ pub struct BalanceParams {
     pub limit: Option<PageSize>,
 }
 
+/// Which form of `GET /v1/balances` a query asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BalanceForm {
+    /// The runtime spec's: `Balance` rows for subject levels.
+    Runtime,
+    /// The admin spec's: `BudgetLedger` rows by scope prefix and unit.
+    Ledgers,
+}
+
 impl BalanceParams {
-    /// The balances these parameters ask `actor`'s view for: at least one subject level
-    /// must be named.
-    pub fn into_query(self, actor: Actor) -> Result<GetBalances, ApiError> {
+    /// The balances these parameters ask `actor`'s view for, and in which form. The runtime
+    /// form must name at least one subject level; the admin form needs nothing.
+    pub fn into_query(self, actor: Actor) -> Result<(GetBalances, BalanceForm), ApiError> {
         let filters = level_filters([
             &self.workspace,
             &self.app,
@@ -100,22 +118,37 @@ impl BalanceParams {
             &self.agent,
             &self.toolset,
         ]);
-        if self.tenant.is_none() && filters.is_empty() {
-            return Err(ApiError::invalid(
-                "At least one of tenant, workspace, app, workflow, agent, toolset is required",
-            ));
-        }
-        Ok(GetBalances {
+        let runtime = self.tenant.is_some() || !filters.is_empty();
+        let ledgers =
+            self.tenant_id.is_some() || self.scope_prefix.is_some() || self.unit.is_some();
+        let form = match (runtime, ledgers) {
+            (true, true) => {
+                return Err(ApiError::invalid(
+                    "tenant_id, scope_prefix and unit (the ledger form) do not combine with tenant, workspace, app, workflow, agent, toolset",
+                ))
+            }
+            (false, false) => {
+                return Err(ApiError::invalid(
+                    "At least one of tenant, workspace, app, workflow, agent, toolset is required (or tenant_id, scope_prefix, unit for whole ledgers)",
+                ))
+            }
+            (true, false) => BalanceForm::Runtime,
+            (false, true) => BalanceForm::Ledgers,
+        };
+        let query = GetBalances {
             actor,
-            tenant: self.tenant,
+            tenant: self.tenant.or(self.tenant_id),
             filters,
+            scope_prefix: self.scope_prefix.map(|p| p.to_lowercase()),
+            unit: self.unit.map(Unit::from),
             limit: self.limit.unwrap_or_default().0,
             after: self
                 .cursor
                 .as_deref()
                 .map(decode_budget_cursor)
                 .transpose()?,
-        })
+        };
+        Ok((query, form))
     }
 }
 
@@ -564,4 +597,22 @@ pub struct BalanceResponse<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
     pub has_more: bool,
+}
+
+/// `BalanceListResponse`: the admin spec's form, whole ledgers.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "A page of whole ledgers, in (scope, unit) order.")]
+pub struct BalanceListResponse {
+    pub balances: Vec<crate::budget::BudgetLedger>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    pub has_more: bool,
+}
+
+/// The answer of `GET /v1/balances`, in the form its query asked for.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Balances<'a> {
+    Runtime(BalanceResponse<'a>),
+    Ledgers(BalanceListResponse),
 }

@@ -74,6 +74,9 @@ pub struct GetBalances {
     pub tenant: Option<String>,
     /// `(level, value)` pairs every returned scope must contain as a segment.
     pub filters: Vec<(&'static str, String)>,
+    /// Lower-cased: only scopes starting with it (the admin spec's form).
+    pub scope_prefix: Option<String>,
+    pub unit: Option<Unit>,
     pub limit: usize,
     /// Exclusive lower bound: the last `(scope, unit)` of the previous page.
     pub after: Option<(String, Unit)>,
@@ -220,6 +223,12 @@ impl Tx<'_> {
             .take_while(|b| b.scope.starts_with(&root))
             .filter(|b| has_segment(&b.scope, &root) && b.scope.split('/').next() == Some(&root))
             .filter(|b| segments.iter().all(|s| has_segment(&b.scope, s)))
+            .filter(|b| {
+                q.scope_prefix
+                    .as_ref()
+                    .is_none_or(|p| b.scope.starts_with(p.as_str()))
+            })
+            .filter(|b| q.unit.is_none_or(|u| b.unit == u))
             .map(|b| (**b).clone());
         Ok(Page::of(page, q.limit))
     }

@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
-use protocol::runtime::{BalanceParams, BalanceResponse};
+use protocol::budget::BudgetLedger;
+use protocol::runtime::{
+    BalanceForm, BalanceListResponse, BalanceParams, BalanceResponse, Balances,
+};
 use protocol::{parse_query, Balance, Plane};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -21,9 +24,12 @@ pub fn routes() -> OpenApiRouter<Arc<App>> {
 #[utoipa::path(
     get, path = "/v1/balances", tag = "Balances", operation_id = "getBalances",
     summary = "The balances of the key's tenant's budgets",
+    description = "With subject levels (`tenant`, `workspace`, …): `Balance` rows (the \
+        runtime spec). With `tenant_id`, `scope_prefix` or `unit` instead: whole \
+        `BudgetLedger` rows (the admin spec's form).",
     params(BalanceParams),
     responses(
-        (status = 200, description = "A page of balances", body = BalanceResponse,
+        (status = 200, description = "A page of balances or ledgers", body = Balances,
             headers(("X-Cycles-Tenant" = String))),
         Errors<(BadRequest, Forbidden)>,
     ),
@@ -37,12 +43,25 @@ pub async fn balances(
     let actor = auth::tenant(&headers)?;
     let parse = || parse_query::<BalanceParams>(raw.as_deref())?.into_query(actor.clone());
     let query = app.validated(&actor, Plane::Runtime, parse).await?;
+    let (query, form) = query;
     let (page, tenant) = app.run(query, Plane::Runtime).await?;
-    let amounts: Vec<ledger::Balance> = page.items.iter().map(ledger::Balance::from).collect();
-    let response = BalanceResponse {
-        balances: amounts.iter().map(Balance::from).collect(),
-        next_cursor: next_cursor(page.has_more, &page.items, budget_position),
-        has_more: page.has_more,
+    let next_cursor = next_cursor(page.has_more, &page.items, budget_position);
+    let has_more = page.has_more;
+    let amounts: Vec<ledger::Balance>;
+    let response = match form {
+        BalanceForm::Runtime => {
+            amounts = page.items.iter().map(ledger::Balance::from).collect();
+            Balances::Runtime(BalanceResponse {
+                balances: amounts.iter().map(Balance::from).collect(),
+                next_cursor,
+                has_more,
+            })
+        }
+        BalanceForm::Ledgers => Balances::Ledgers(BalanceListResponse {
+            balances: page.items.into_iter().map(BudgetLedger::from).collect(),
+            next_cursor,
+            has_more,
+        }),
     };
     tenant_json(StatusCode::OK, &response, tenant)
 }

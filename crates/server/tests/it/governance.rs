@@ -24,6 +24,7 @@ engine_tests!(
     budget_bulk_actions_row_by_row,
     extension_fields_are_ignored_or_refused_safely,
     default_key_expiry_is_what_the_document_says,
+    balances_in_the_admin_form_are_whole_ledgers,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -1559,4 +1560,55 @@ async fn default_key_expiry_is_what_the_document_says(engine: Engine) {
         .unwrap_or_default();
     assert!(said.contains("90 days"), "{said}");
     s.stop().await;
+}
+
+/// `GET /v1/balances` with the admin spec's parameters (`tenant_id`, `scope_prefix`,
+/// `unit`) answers whole ledgers of the key's tenant; with the runtime's, balances; the two
+/// forms do not mix; another tenant's `tenant_id` is 403.
+async fn balances_in_the_admin_form_are_whole_ledgers(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000).await;
+    s.budget("tenant:acme/workspace:eng", "TOKENS", 50, json!({}))
+        .await;
+    s.setup("beta", 1_000).await;
+    let get = |q: &str| {
+        let (s, key, q) = (&s, key.clone(), q.to_string());
+        async move { s.get(&format!("/v1/balances?{q}"), As::Key(&key)).await }
+    };
+    let r = get("scope_prefix=tenant:acme/").await;
+    let b = r.expect(200, None);
+    assert_eq!(scopes_of(b), ["tenant:acme/workspace:eng"]);
+    let ledger = &b["balances"][0];
+    assert!(
+        ledger["ledger_id"].is_string() && ledger["overdraft_limit"].is_object(),
+        "{ledger}"
+    );
+    assert_eq!(ledger["allocated"]["amount"], 50);
+    let r = get("tenant_id=acme&unit=USD_MICROCENTS").await;
+    assert_eq!(scopes_of(r.expect(200, None)), ["tenant:acme"]);
+    let r = get("tenant_id=acme&limit=1").await;
+    let first = r.expect(200, None).clone();
+    assert_eq!(first["has_more"], true);
+    let cursor = first["next_cursor"].as_str().expect("cursor");
+    let r = get(&format!("tenant_id=acme&limit=1&cursor={cursor}")).await;
+    assert_eq!(
+        scopes_of(r.expect(200, None)),
+        ["tenant:acme/workspace:eng"]
+    );
+    get("tenant_id=beta").await.expect(403, Some("FORBIDDEN"));
+    get("tenant=acme&unit=TOKENS")
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    get("unit=GOLD").await.expect(400, Some("INVALID_REQUEST"));
+    let r = get("tenant=acme").await;
+    let runtime = &r.expect(200, None)["balances"][0];
+    assert!(
+        runtime.get("ledger_id").is_none() && runtime["scope"].is_string(),
+        "{runtime}"
+    );
+    s.stop().await;
+}
+
+fn scopes_of(body: &Value) -> Vec<String> {
+    ids(body, "balances", "scope")
 }
