@@ -36,7 +36,9 @@ pub struct ApiKeyCreateRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<PermissionSchema>>)]
     pub permissions: Option<Vec<String>>,
-    /// Scope prefixes (each up to 256 characters), recorded and reported.
+    /// Scope segments the key may reach (`workspace:eng`, or `agent:*` for a whole kind),
+    /// each up to 256 characters: its budget, policy and balance operations are limited to
+    /// scopes that contain one of them. Empty or absent: no limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scope_filter: Option<Vec<String>>,
     /// Defaults to 90 days from creation.

@@ -168,10 +168,80 @@ impl Tx<'_> {
         self.acting_tenant(actor, permission, named)
     }
 
+    /// The scope filter of the calling key: empty (no limit) for the admin key.
+    pub(crate) fn caller_scope_filter(&self, actor: &Actor) -> &[String] {
+        match actor {
+            Actor::Admin => &[],
+            Actor::ApiKey(digest) => self
+                .live_key(digest)
+                .map_or(&[][..], |key| key.scope_filter.as_slice()),
+        }
+    }
+
+    /// Refuses (403) a tenant-key caller whose scope filter does not reach `scope` (admin
+    /// spec §1.1: budgets, policies and balances are guarded by it).
+    pub(crate) fn within_scope_filter(&self, actor: &Actor, scope: &str) -> Result<(), Rejection> {
+        if scope_filter_allows(self.caller_scope_filter(actor), scope) {
+            Ok(())
+        } else {
+            Err(Rejection::Forbidden(format!(
+                "API key scope_filter does not permit access to scope: {scope}"
+            )))
+        }
+    }
+
     pub(crate) fn existing_tenant(&self, tenant_id: &str) -> Result<&Tenant, Rejection> {
         self.state
             .tenants
             .get(tenant_id)
             .ok_or_else(|| Rejection::TenantNotFound(tenant_id.to_string()))
+    }
+}
+
+/// Whether a scope filter reaches `scope` (a scope, scope prefix or policy pattern, split on
+/// `/`): an entry `kind:id` matches a segment equal to it, `kind:*` any segment of that kind,
+/// and any entry matching is enough. An empty filter reaches everything.
+pub(crate) fn scope_filter_allows(filter: &[String], scope: &str) -> bool {
+    if filter.is_empty() {
+        return true;
+    }
+    let scope = scope.to_lowercase();
+    filter.iter().any(|entry| {
+        let entry = entry.to_lowercase();
+        scope
+            .split('/')
+            .any(|segment| match entry.strip_suffix(":*") {
+                Some(kind) => segment.split_once(':').is_some_and(|(k, _)| k == kind),
+                None => segment == entry,
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scope_filter_allows;
+
+    #[test]
+    fn scope_filters_match_segments_by_id_or_kind() {
+        let f = |entries: &[&str]| entries.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+        let scope = "tenant:acme/workspace:eng/agent:bot";
+        assert!(scope_filter_allows(&[], scope));
+        assert!(scope_filter_allows(&f(&["workspace:eng"]), scope));
+        assert!(scope_filter_allows(&f(&["agent:*"]), scope));
+        assert!(scope_filter_allows(
+            &f(&["workspace:ops", "agent:bot"]),
+            scope
+        ));
+        assert!(!scope_filter_allows(&f(&["workspace:ops"]), scope));
+        assert!(
+            !scope_filter_allows(&f(&["workspace:en"]), scope),
+            "whole segments only"
+        );
+        assert!(!scope_filter_allows(&f(&["app:*"]), scope));
+        assert!(!scope_filter_allows(&f(&["workspace:eng"]), "tenant:acme"));
+        assert!(scope_filter_allows(
+            &f(&["Workspace:ENG"]),
+            "tenant:acme/workspace:eng/*"
+        ));
     }
 }

@@ -9,6 +9,7 @@ use crate::{
     Unit, SCOPE_LEVELS,
 };
 
+use super::auth::scope_filter_allows;
 use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Idempotency, Idempotent, Page, Tx, DAY_MS};
 
@@ -208,6 +209,7 @@ impl Tx<'_> {
             self.creating_tenant(&op.actor, Permission::BudgetsWrite, new.tenant_id.clone())?;
         self.writable_tenant(&tenant_id)?;
         let scope = canonical_budget_scope(&new.scope, &tenant_id)?;
+        self.within_scope_filter(&op.actor, &scope)?;
         let key = BudgetKey {
             scope: scope.as_str().into(),
             unit: new.unit,
@@ -250,7 +252,14 @@ impl Tx<'_> {
             None => q.filter.tenant_id.clone(),
         };
         let prefix = q.filter.scope_prefix.as_ref().map(|p| p.to_lowercase());
-        let admits = |b: &&Arc<Budget>| q.filter.admits(b, tenant.as_deref(), prefix.as_deref());
+        if let Some(p) = &prefix {
+            self.within_scope_filter(&op.actor, p)?;
+        }
+        let reach = self.caller_scope_filter(&op.actor);
+        let admits = |b: &&Arc<Budget>| {
+            q.filter.admits(b, tenant.as_deref(), prefix.as_deref())
+                && scope_filter_allows(reach, &b.scope)
+        };
         let budgets = &self.state.budgets;
         Ok(match &q.order {
             BudgetOrder::Address { after, limit } => {
@@ -295,7 +304,10 @@ impl Tx<'_> {
             .ok_or_else(not_found)?;
         match caller {
             Some(c) if *c.tenant_id != *budget.tenant_id => Err(not_found()),
-            _ => Ok(budget),
+            _ => {
+                self.within_scope_filter(actor, &budget.scope)?;
+                Ok(budget)
+            }
         }
     }
 

@@ -7,6 +7,7 @@ use crate::{
     RateLimits, Rejection, TtlOverride,
 };
 
+use super::auth::scope_filter_allows;
 use super::{operation, Actor, Page, Tx};
 
 /// `POST /v1/admin/policies`.
@@ -85,6 +86,7 @@ impl Tx<'_> {
             self.creating_tenant(&op.actor, Permission::PoliciesWrite, new.tenant_id.clone())?;
         self.writable_tenant(&tenant_id)?;
         check_pattern(&new.scope_pattern, &tenant_id)?;
+        self.within_scope_filter(&op.actor, &new.scope_pattern)?;
         let policy = Policy {
             policy_id: new.policy_id,
             tenant_id,
@@ -117,6 +119,10 @@ impl Tx<'_> {
             Bound::Included(start)
         };
         let pattern = q.scope_pattern.map(|p| p.to_lowercase());
+        if let Some(p) = &pattern {
+            self.within_scope_filter(&op.actor, p)?;
+        }
+        let reach = self.caller_scope_filter(&op.actor);
         let page = self
             .state
             .policies
@@ -125,6 +131,7 @@ impl Tx<'_> {
             .map(|(_, p)| p)
             .filter(|p| q.status.is_none_or(|s| p.status == s))
             .filter(|p| pattern.as_ref().is_none_or(|sp| &p.scope_pattern == sp))
+            .filter(|p| scope_filter_allows(reach, &p.scope_pattern))
             .cloned();
         Ok(Page::of(page, q.limit))
     }
@@ -143,6 +150,7 @@ impl Tx<'_> {
         if caller.is_some_and(|c| *c.tenant_id != *p.tenant_id) {
             return Err(not_found());
         }
+        self.within_scope_filter(&op.actor, &p.scope_pattern)?;
         self.writable_tenant(&p.tenant_id)?;
         let PolicyPatch {
             name,

@@ -9,6 +9,7 @@ use crate::{
     Rejection, Reservation, ReservationStatus, SortBy, StoredOutcome, Unit,
 };
 
+use super::auth::scope_filter_allows;
 use super::{operation, Actor, Tx};
 
 /// One page of a list, and whether more follow.
@@ -203,6 +204,10 @@ impl Tx<'_> {
                 )));
             }
         }
+        if let Some(p) = &q.scope_prefix {
+            self.within_scope_filter(&q.actor, p)?;
+        }
+        let reach = self.caller_scope_filter(&q.actor);
         let root = format!("tenant:{}", caller.tenant_id);
         let segments: Vec<String> = q.filters.iter().map(|(l, v)| format!("{l}:{v}")).collect();
         let start = match q.after {
@@ -229,6 +234,7 @@ impl Tx<'_> {
                     .is_none_or(|p| b.scope.starts_with(p.as_str()))
             })
             .filter(|b| q.unit.is_none_or(|u| b.unit == u))
+            .filter(|b| scope_filter_allows(reach, &b.scope))
             .map(|b| (**b).clone());
         Ok(Page::of(page, q.limit))
     }

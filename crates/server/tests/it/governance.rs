@@ -25,6 +25,7 @@ engine_tests!(
     extension_fields_are_ignored_or_refused_safely,
     default_key_expiry_is_what_the_document_says,
     balances_in_the_admin_form_are_whole_ledgers,
+    scope_filters_limit_what_a_key_reaches,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -1611,4 +1612,109 @@ async fn balances_in_the_admin_form_are_whole_ledgers(engine: Engine) {
 
 fn scopes_of(body: &Value) -> Vec<String> {
     ids(body, "balances", "scope")
+}
+
+/// A key's `scope_filter` limits its budget, policy and balance operations (admin spec
+/// §1.1): scopes without a matching segment are 403 when named and left out of lists; a
+/// `kind:*` entry reaches every id of that kind; a key without a filter reaches all.
+async fn scope_filters_limit_what_a_key_reaches(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let open = s.setup("acme", 1_000).await;
+    for scope in [
+        "tenant:acme/workspace:eng",
+        "tenant:acme/workspace:ops",
+        "tenant:acme/workspace:ops/agent:bot",
+    ] {
+        s.budget(scope, USD, 100, json!({})).await;
+    }
+    let (eng, _) = key_with(&s, "acme", json!({"scope_filter": ["workspace:eng"]})).await;
+    let (agents, _) = key_with(&s, "acme", json!({"scope_filter": ["agent:*"]})).await;
+    let as_key = |key: &str, path: &str| {
+        let (s, key, path) = (&s, key.to_string(), path.to_string());
+        async move { s.get(&path, As::Key(&key)).await }
+    };
+    let listed = |r: Resp| scopes(r.expect(200, None));
+    assert_eq!(
+        listed(as_key(&eng, "/v1/admin/budgets").await),
+        ["tenant:acme/workspace:eng"]
+    );
+    assert_eq!(
+        listed(as_key(&agents, "/v1/admin/budgets").await),
+        ["tenant:acme/workspace:ops/agent:bot"]
+    );
+    assert_eq!(
+        listed(as_key(&open, "/v1/admin/budgets").await).len(),
+        4,
+        "no filter, no limit"
+    );
+    let lookup = |scope: &str| format!("/v1/admin/budgets/lookup?scope={scope}&unit={USD}");
+    as_key(&eng, &lookup("tenant:acme/workspace:eng"))
+        .await
+        .expect(200, None);
+    let r = as_key(&eng, &lookup("tenant:acme")).await;
+    r.expect(403, Some("FORBIDDEN"));
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("scope_filter"),
+        "{}",
+        r.body
+    );
+    as_key(
+        &eng,
+        "/v1/admin/budgets?scope_prefix=tenant:acme/workspace:ops",
+    )
+    .await
+    .expect(403, Some("FORBIDDEN"));
+    let r = as_key(&eng, "/v1/balances?tenant_id=acme").await;
+    assert_eq!(
+        scopes_of(r.expect(200, None)),
+        ["tenant:acme/workspace:eng"]
+    );
+
+    let fund = |scope: &str| format!("/v1/admin/budgets/fund?scope={scope}&unit={USD}");
+    let credit = json!({"operation": "CREDIT", "amount": {"unit": USD, "amount": 5}});
+    s.post(
+        &fund("tenant:acme/workspace:eng"),
+        As::Key(&eng),
+        credit.clone(),
+    )
+    .await
+    .expect(200, None);
+    s.post(&fund("tenant:acme/workspace:ops"), As::Key(&eng), credit)
+        .await
+        .expect(403, Some("FORBIDDEN"));
+    assert_eq!(
+        s.ledger("tenant:acme/workspace:ops", USD).await["allocated"]["amount"],
+        100,
+        "refused, unchanged"
+    );
+    let budget = |scope: &str| json!({"scope": scope, "unit": "TOKENS", "allocated": {"unit": "TOKENS", "amount": 1}});
+    s.post(
+        "/v1/admin/budgets",
+        As::Key(&eng),
+        budget("tenant:acme/workspace:eng/agent:x"),
+    )
+    .await
+    .expect(201, None);
+    s.post(
+        "/v1/admin/budgets",
+        As::Key(&eng),
+        budget("tenant:acme/app:x"),
+    )
+    .await
+    .expect(403, Some("FORBIDDEN"));
+    let policy = |pattern: &str| json!({"name": "p", "scope_pattern": pattern});
+    s.post(
+        "/v1/admin/policies",
+        As::Key(&eng),
+        policy("tenant:acme/workspace:eng/*"),
+    )
+    .await
+    .expect(201, None);
+    s.post("/v1/admin/policies", As::Key(&eng), policy("tenant:acme/*"))
+        .await
+        .expect(403, Some("FORBIDDEN"));
+    s.stop().await;
 }
