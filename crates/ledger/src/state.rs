@@ -213,6 +213,10 @@ impl State {
         self.reservations.get(id).map(|r| &**r)
     }
 
+    pub fn tenants(&self) -> impl Iterator<Item = &Tenant> {
+        self.tenants.values()
+    }
+
     pub fn api_keys(&self) -> impl Iterator<Item = &ApiKey> {
         self.api_keys.values()
     }

@@ -5,9 +5,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::properties::model::{apply, Command, Outcome, Step as Applied};
 use ledger::{
-    Action, Actor, Commit, Decide, Extend, Funding, Idempotency, Millis, NewApiKey, NewBudget,
-    NewTenant, RecordEvent, Release, Reserve, State, Subject, TenantPatch, Unit,
-    TERMINAL_RETENTION_MS,
+    Action, Actor, BulkTenants, Commit, Decide, Extend, Funding, Idempotency, Millis, NewApiKey,
+    NewBudget, NewTenant, RecordEvent, Release, Reserve, State, Subject, TenantFilter, TenantPatch,
+    Unit, TERMINAL_RETENTION_MS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -141,6 +141,7 @@ pub fn namespace(command: &Command) -> Option<(Namespace, &Idempotency)> {
         Command::Release(c) => Some((("release", c.reservation_id.clone()), &c.idem)),
         Command::Extend(c) => Some((("extend", c.reservation_id.clone()), &c.idem)),
         Command::FundBudget { fund, .. } => fund.idem.as_ref().map(|i| (global("fund"), i)),
+        Command::BulkTenants(c) => Some((global("tenants-bulk"), &c.idem)),
         _ => None,
     }
 }
@@ -154,6 +155,7 @@ fn idem_mut(command: &mut Command) -> Option<&mut Idempotency> {
         Command::Release(c) => Some(&mut c.idem),
         Command::Extend(c) => Some(&mut c.idem),
         Command::FundBudget { fund, .. } => fund.idem.as_mut(),
+        Command::BulkTenants(c) => Some(&mut c.idem),
         _ => None,
     }
 }
@@ -484,7 +486,10 @@ impl Driver {
                 // Already sealed: the fingerprint ignores the ids just replaced.
                 return Some(command);
             }
-            Op::TenantStatus { status } => Command::UpdateTenant {
+            Op::TenantStatus {
+                status,
+                bulk: false,
+            } => Command::UpdateTenant {
                 actor: Actor::Admin,
                 tenant_id: TENANT.into(),
                 patch: TenantPatch {
@@ -492,6 +497,19 @@ impl Driver {
                     ..TenantPatch::default()
                 },
             },
+            Op::TenantStatus { status, bulk: true } => Command::BulkTenants(BulkTenants {
+                actor: Actor::Admin,
+                filter: TenantFilter {
+                    search: Some(TENANT.into()),
+                    ..TenantFilter::default()
+                },
+                target: *status,
+                expected_count: None,
+                idem: Idempotency {
+                    key: self.fresh("bulk").into(),
+                    fingerprint: [0; 32],
+                },
+            }),
         };
         Some(sealed(command))
     }

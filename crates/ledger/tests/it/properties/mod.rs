@@ -39,6 +39,8 @@ pub const DAY: Millis = 24 * HOUR;
 pub const MAX_TTL: Millis = HOUR;
 /// Every idempotency record must stay replayable for at least this long.
 pub const MIN_IDEMPOTENCY_RETENTION: Millis = DAY;
+/// A bulk action's key replays for 15 minutes (admin spec §5).
+pub const BULK_RETENTION: Millis = 15 * 60_000;
 
 /// The scopes budgets may be created at (each one present or not, at random).
 pub const BUDGET_SCOPES: [&str; 4] = [

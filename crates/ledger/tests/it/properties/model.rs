@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use ledger::{
-    Actor, ApiKey, Applied, Budget, Commit, CommitResult, CreateApiKey, CreateBudget, CreateTenant,
-    Decide, DecideResult, EventResult, Extend, ExtendResult, FundBudget, FundResult, Funding,
-    Idempotent, Maintain, Millis, NewApiKey, NewBudget, NewTenant, RecordEvent, Release,
-    ReleaseResult, Reserve, ReserveResult, State, Tenant, TenantPatch, UpdateTenant,
+    Actor, ApiKey, Applied, Budget, BulkResult, BulkTenants, Commit, CommitResult, CreateApiKey,
+    CreateBudget, CreateTenant, Decide, DecideResult, EventResult, Extend, ExtendResult,
+    FundBudget, FundResult, Funding, Idempotent, Maintain, Millis, NewApiKey, NewBudget, NewTenant,
+    RecordEvent, Release, ReleaseResult, Reserve, ReserveResult, State, Tenant, TenantPatch,
+    UpdateTenant,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +44,7 @@ pub enum Command {
     Maintain {
         limit: usize,
     },
+    BulkTenants(BulkTenants),
 }
 
 /// What an operation answered, by kind.
@@ -76,6 +78,10 @@ pub enum Outcome {
     },
     Funded {
         result: Arc<FundResult>,
+        replayed: bool,
+    },
+    Bulk {
+        result: Arc<BulkResult>,
         replayed: bool,
     },
     Maintained {
@@ -154,6 +160,7 @@ pub fn apply(state: &mut State, command: Command, now: Millis) -> Step {
         Command::CreateBudget { actor, budget } => {
             run(state, CreateBudget { actor, budget }, now, Outcome::Budget)
         }
+        Command::BulkTenants(op) => run(state, op, now, replayable!(Bulk)),
         Command::Maintain { limit } => {
             run(state, Maintain { limit }, now, |m| Outcome::Maintained {
                 expired: m.expired,

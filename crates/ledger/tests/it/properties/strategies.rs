@@ -148,10 +148,11 @@ pub enum Op {
         pick: Index,
     },
     /// Moves the tenant to `status`: a suspension, a resumption, or the close that releases
-    /// its reservations and closes its budgets in one step (and after which reopening is
-    /// refused).
+    /// its reservations, closes its budgets and revokes its keys in one step (and after
+    /// which reopening is refused). With `bulk`, as a bulk action's row.
     TenantStatus {
         status: TenantStatus,
+        bulk: bool,
     },
 }
 
@@ -364,7 +365,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(TenantStatus::Suspended),
         1 => Just(TenantStatus::Closed),
     ]
-    .prop_map(|status| Op::TenantStatus { status });
+    .prop_flat_map(|status| (Just(status), any::<bool>()))
+    .prop_map(|(status, bulk)| Op::TenantStatus { status, bulk });
     prop_oneof![
         6 => reserve,
         5 => commit,

@@ -165,7 +165,10 @@ fn implied_changes(step: &Step) -> BTreeMap<String, Delta> {
     };
     // An expiry returns the hold, and so does a tenant's close, which releases every
     // reservation the tenant holds.
-    let closing = matches!(step.command, Command::UpdateTenant { .. });
+    let closing = matches!(
+        step.command,
+        Command::UpdateTenant { .. } | Command::BulkTenants(_)
+    );
     for old in step.before.reservations() {
         let returned = step
             .after

@@ -8,7 +8,7 @@ use proptest::test_runner::TestCaseError;
 
 use crate::properties::checks::stored_outcome;
 use crate::properties::driver::{namespace, Namespace, Step};
-use crate::properties::MIN_IDEMPOTENCY_RETENTION;
+use crate::properties::{BULK_RETENTION, MIN_IDEMPOTENCY_RETENTION};
 
 struct Record {
     fingerprint: [u8; 32],
@@ -27,10 +27,16 @@ impl Replays {
         let Some((ns, idem)) = namespace(step.command) else {
             return Ok(());
         };
+        // A record is certainly still live within the minimum retention (a bulk action's is
+        // shorter).
+        let retention = if ns.0 == "tenants-bulk" {
+            BULK_RETENTION
+        } else {
+            MIN_IDEMPOTENCY_RETENTION
+        };
         let slot = (ns, idem.key.to_string());
         let prior = self.records.get(&slot);
-        // A record is certainly still live within the minimum retention.
-        let live = prior.filter(|p| step.now < p.at + MIN_IDEMPOTENCY_RETENTION);
+        let live = prior.filter(|p| step.now < p.at + retention);
         match &step.applied.result {
             Ok(outcome) => {
                 let (stored, replayed) = stored_outcome(outcome)

@@ -362,8 +362,12 @@ fn check_transition(
             prop_assert_eq!(new.extension_count, old.extension_count + 1);
             prop_assert!(new.extension_count <= new.max_extensions);
         }
-        (ReservationStatus::Released, Ok(Outcome::Tenant(t)))
-            if t.status == TenantStatus::Closed && closes_tenant(step.command) =>
+        (ReservationStatus::Released, Ok(_))
+            if closes_tenant(step.command)
+                && step
+                    .after
+                    .tenant(&new.tenant_id)
+                    .is_some_and(|t| t.status == TenantStatus::Closed) =>
         {
             prop_assert_eq!(new.finalized_at_ms, Some(step.now));
             prop_assert_eq!(new.release_reason.as_deref(), Some("tenant_closed"));
@@ -378,57 +382,76 @@ fn check_transition(
     Ok(())
 }
 
-/// Whether `command` asks to close a tenant.
+/// Whether `command` asks to close a tenant (itself, or as a bulk action's row).
 fn closes_tenant(command: &Command) -> bool {
-    matches!(
-        command,
-        Command::UpdateTenant { patch, .. } if patch.status == Some(TenantStatus::Closed)
-    )
+    match command {
+        Command::UpdateTenant { patch, .. } => patch.status == Some(TenantStatus::Closed),
+        Command::BulkTenants(b) => b.target == TenantStatus::Closed,
+        _ => false,
+    }
 }
 
-/// A tenant's close releases every reservation it still holds and closes every budget, in
-/// the same step; reopening a closed tenant is refused.
+/// The tenants `step` closed or found closed: the one an update names, the rows a bulk
+/// close applied to or skipped (already closed, so its cascade re-ran).
+fn tenants_closed_by(step: &Step) -> Vec<String> {
+    match (step.command, &step.applied.result) {
+        (Command::UpdateTenant { tenant_id, .. }, Ok(_)) if closes_tenant(step.command) => {
+            vec![tenant_id.clone()]
+        }
+        (Command::BulkTenants(b), Ok(Outcome::Bulk { result, .. }))
+            if b.target == TenantStatus::Closed =>
+        {
+            result
+                .succeeded
+                .iter()
+                .chain(&result.skipped)
+                .cloned()
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// A tenant's close releases every reservation it still holds, closes every budget and
+/// revokes every key, in the same step; a closed tenant never opens again, whatever asks.
 fn check_tenant_close(step: &Step) -> Result<(), TestCaseError> {
-    let Command::UpdateTenant { tenant_id, .. } = step.command else {
-        return Ok(());
-    };
-    let was_closed = step
+    for t in step
         .before
-        .tenant(tenant_id)
-        .is_some_and(|t| t.status == TenantStatus::Closed);
-    if was_closed {
-        let reopened = !closes_tenant(step.command);
+        .tenants()
+        .filter(|t| t.status == TenantStatus::Closed)
+    {
         prop_assert!(
-            !reopened || step.applied.result.is_err(),
-            "a closed tenant was reopened: {:?}",
-            step.applied.result
+            step.after
+                .tenant(&t.tenant_id)
+                .is_some_and(|after| after.status == TenantStatus::Closed),
+            "a closed tenant was reopened by {:?}",
+            step.command
         );
     }
-    if !(closes_tenant(step.command) && step.applied.result.is_ok()) {
-        return Ok(());
+    for tenant_id in tenants_closed_by(step) {
+        let mine = |r: &&Reservation| *r.tenant_id == *tenant_id;
+        prop_assert!(
+            step.after
+                .reservations()
+                .filter(mine)
+                .all(|r| r.status != ReservationStatus::Active),
+            "a reservation stayed ACTIVE after its tenant closed"
+        );
+        prop_assert!(
+            step.after
+                .budgets()
+                .filter(|b| *b.tenant_id == *tenant_id)
+                .all(|b| b.status == BudgetStatus::Closed && b.reserved == 0),
+            "a budget stayed open, or kept a hold, after its tenant closed"
+        );
+        prop_assert!(
+            step.after
+                .api_keys()
+                .filter(|k| *k.tenant_id == *tenant_id)
+                .all(|k| k.effective_status(step.now) != ApiKeyStatus::Active),
+            "an API key stayed usable after its tenant closed"
+        );
     }
-    let mine = |r: &&Reservation| &*r.tenant_id == tenant_id.as_str();
-    prop_assert!(
-        step.after
-            .reservations()
-            .filter(mine)
-            .all(|r| r.status != ReservationStatus::Active),
-        "a reservation stayed ACTIVE after its tenant closed"
-    );
-    prop_assert!(
-        step.after
-            .budgets()
-            .filter(|b| &*b.tenant_id == tenant_id.as_str())
-            .all(|b| b.status == BudgetStatus::Closed && b.reserved == 0),
-        "a budget stayed open, or kept a hold, after its tenant closed"
-    );
-    prop_assert!(
-        step.after
-            .api_keys()
-            .filter(|k| &*k.tenant_id == tenant_id.as_str())
-            .all(|k| k.effective_status(step.now) != ApiKeyStatus::Active),
-        "an API key stayed usable after its tenant closed"
-    );
     Ok(())
 }
 

@@ -86,6 +86,7 @@ pub fn stored_outcome(outcome: &Outcome) -> Option<(StoredOutcome, bool)> {
             (StoredOutcome::Event(result.clone()), *replayed)
         }
         Outcome::Funded { result, replayed } => (StoredOutcome::Fund(result.clone()), *replayed),
+        Outcome::Bulk { result, replayed } => (StoredOutcome::Bulk(result.clone()), *replayed),
         _ => return None,
     })
 }
