@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{metadata_raw, metadata_text, Metadata};
-use crate::cursor::{next_sorted_cursor, Binding, SortedRequest};
+use crate::cursor::{NextPage, SortedRequest};
 use crate::schema::{
     ApiKeySortBy, ApiKeyStatus as KeyStatusSchema, Permission as PermissionSchema, SortDirection,
 };
@@ -308,14 +308,9 @@ pub struct ApiKeyListParams {
     pub limit: Option<ClampedLimit>,
 }
 
-/// A key list as the protocol binds its cursors.
-pub struct ApiKeyList {
-    pub operation: ListApiKeys,
-    binding: Binding<'static>,
-}
-
 impl ApiKeyListParams {
-    pub fn into_list(self, actor: Actor) -> Result<ApiKeyList, ApiError> {
+    /// The list operation, and what its response issues the next cursor from.
+    pub fn into_list(self, actor: Actor) -> Result<(ListApiKeys, NextPage), ApiError> {
         let status = self
             .status
             .as_deref()
@@ -331,8 +326,8 @@ impl ApiKeyListParams {
             text: |s| matches!(s, ApiKeySort::Name | ApiKeySort::TenantId),
         }
         .parse()?;
-        Ok(ApiKeyList {
-            operation: ListApiKeys {
+        Ok((
+            ListApiKeys {
                 actor,
                 query: ApiKeyListQuery {
                     tenant_id: self.tenant_id,
@@ -342,8 +337,8 @@ impl ApiKeyListParams {
                     window: order.window,
                 },
             },
-            binding: order.binding,
-        })
+            NextPage(Some(order.binding)),
+        ))
     }
 }
 
@@ -358,8 +353,8 @@ pub struct ApiKeyListResponse {
 }
 
 impl ApiKeyListResponse {
-    pub fn new(list: &ApiKeyList, page: SortedPage<ApiKey>) -> Self {
-        let next_cursor = next_sorted_cursor(&list.binding, &page);
+    pub fn new(next: &NextPage, page: SortedPage<ApiKey>) -> Self {
+        let next_cursor = next.sorted(&page);
         ApiKeyListResponse {
             keys: page
                 .page

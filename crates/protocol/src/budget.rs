@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::common::{metadata_text, Metadata};
-use crate::cursor::{descending, next_sorted_cursor, Binding, SortedRequest};
+use crate::cursor::{descending, NextPage, SortedRequest};
 use crate::schema::{
     BudgetSortBy, BudgetStatus as BudgetStatusSchema, FundingOperation,
     RolloverPolicy as RolloverSchema, SignedAmount, SortDirection,
@@ -389,9 +389,9 @@ pub struct BudgetListResponse {
 }
 
 impl BudgetListResponse {
-    pub fn new(list: &BudgetList, page: SortedPage<Budget>) -> Self {
-        let next_cursor = match &list.binding {
-            Some(binding) => next_sorted_cursor(binding, &page),
+    pub fn new(next: &NextPage, page: SortedPage<Budget>) -> Self {
+        let next_cursor = match next.0 {
+            Some(_) => next.sorted(&page),
             None if page.page.has_more => page
                 .page
                 .items
@@ -455,13 +455,6 @@ pub struct BudgetListParams {
     pub limit: Option<ClampedLimit>,
 }
 
-/// A budget list as the protocol binds its cursors: sorted lists bind theirs to the order
-/// and filters; the (scope, unit) order's cursor is a position in the budget map.
-pub struct BudgetList {
-    pub operation: ListBudgets,
-    binding: Option<Binding<'static>>,
-}
-
 /// A utilization bound: a decimal in [0, 1], as parts per billion.
 fn utilization_bound(field: &str, value: &Option<String>) -> Result<Option<i64>, ApiError> {
     let Some(text) = value else {
@@ -476,7 +469,10 @@ fn utilization_bound(field: &str, value: &Option<String>) -> Result<Option<i64>,
 }
 
 impl BudgetListParams {
-    pub fn into_list(self, actor: Actor) -> Result<BudgetList, ApiError> {
+    /// The list operation, and what its response issues the next cursor from: sorted lists
+    /// bind theirs to the order and filters; the (scope, unit) order's cursor is a position
+    /// in the budget map.
+    pub fn into_list(self, actor: Actor) -> Result<(ListBudgets, NextPage), ApiError> {
         let status = self.status.as_deref().map(budget_status).transpose()?;
         let min = utilization_bound("utilization_min", &self.utilization_min)?;
         let max = utilization_bound("utilization_max", &self.utilization_max)?;
@@ -522,8 +518,8 @@ impl BudgetListParams {
                 (BudgetOrder::Sorted { sort_by, window }, Some(order.binding))
             }
         };
-        Ok(BudgetList {
-            operation: ListBudgets {
+        Ok((
+            ListBudgets {
                 actor,
                 query: BudgetListQuery {
                     filter: BudgetFilter {
@@ -539,8 +535,8 @@ impl BudgetListParams {
                     order,
                 },
             },
-            binding,
-        })
+            NextPage(binding),
+        ))
     }
 }
 

@@ -142,10 +142,18 @@ impl<S: WireName> SortedRequest<'_, S> {
     }
 }
 
-/// The cursor of the page after `page`, when there is one.
-pub(crate) fn next_sorted_cursor<T>(binding: &Binding, page: &SortedPage<T>) -> Option<String> {
-    if !page.page.has_more {
-        return None;
+/// What a list's next-page cursor is issued from, kept from the query to the response: the
+/// binding of a sorted order, or nothing when the cursor is the last row's address (the
+/// budget list without `sort_by`).
+pub struct NextPage(pub(crate) Option<Binding<'static>>);
+
+impl NextPage {
+    /// The cursor of the page after `page` in a sorted order, when there is one.
+    pub(crate) fn sorted<T>(&self, page: &SortedPage<T>) -> Option<String> {
+        let binding = self.0.as_ref()?;
+        if !page.page.has_more {
+            return None;
+        }
+        page.last.clone().map(|p| encode_sorted_cursor(binding, p))
     }
-    page.last.clone().map(|p| encode_sorted_cursor(binding, p))
 }

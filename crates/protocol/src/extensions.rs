@@ -25,15 +25,17 @@ pub(crate) fn check_observe_mode(field: &str, value: &Option<String>) -> Result<
     }
 }
 
-/// A quota or access-control list: only empty.
-pub(crate) fn check_unenforced_list(
-    field: &str,
-    value: &Option<Vec<Value>>,
+/// A policy's quota and access-control lists, by field name: only empty ones.
+pub(crate) fn check_unenforced_lists<const N: usize>(
+    lists: [(&str, &Option<Vec<Value>>); N],
 ) -> Result<(), ApiError> {
-    match value {
-        Some(items) if !items.is_empty() => Err(ApiError::invalid(format!(
+    match lists
+        .into_iter()
+        .find(|(_, list)| list.as_ref().is_some_and(|items| !items.is_empty()))
+    {
+        Some((field, _)) => Err(ApiError::invalid(format!(
             "{field}: action quotas and action-kind access control are not supported by this server (v0.1.25); only an empty list is accepted"
         ))),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }

@@ -24,7 +24,7 @@ mod validate;
 mod wire;
 
 pub use common::*;
-pub use cursor::{decode_budget_cursor, encode_budget_cursor};
+pub use cursor::{decode_budget_cursor, encode_budget_cursor, NextPage};
 pub use error::{ApiError, ErrorBody, ErrorCode, Plane};
 pub use fingerprint::fingerprint;
 pub use query::{parse_query, ClampedLimit, PageSize, Search};

@@ -1,6 +1,6 @@
 //! Policies (admin plane) and the `Caps` they supply to runtime decisions.
 
-use crate::extensions::check_unenforced_list;
+use crate::extensions::check_unenforced_lists;
 use crate::WireName;
 use ledger::{PolicyListQuery, PolicyStatus, RateLimits, TtlOverride};
 use serde::{Deserialize, Serialize};
@@ -235,10 +235,12 @@ pub struct PolicyCreateRequest {
 
 impl Validate for PolicyCreateRequest {
     fn validate(&self) -> Result<(), ApiError> {
-        check_unenforced_list("action_quotas", &self.action_quotas)?;
-        check_unenforced_list("risk_class_quotas", &self.risk_class_quotas)?;
-        check_unenforced_list("allowed_action_kinds", &self.allowed_action_kinds)?;
-        check_unenforced_list("denied_action_kinds", &self.denied_action_kinds)?;
+        check_unenforced_lists([
+            ("action_quotas", &self.action_quotas),
+            ("risk_class_quotas", &self.risk_class_quotas),
+            ("allowed_action_kinds", &self.allowed_action_kinds),
+            ("denied_action_kinds", &self.denied_action_kinds),
+        ])?;
         if let Some(t) = &self.tenant_id {
             check_tenant_id("tenant_id", t)?;
         }
@@ -314,10 +316,12 @@ pub struct PolicyUpdateRequest {
 
 impl Validate for PolicyUpdateRequest {
     fn validate(&self) -> Result<(), ApiError> {
-        check_unenforced_list("action_quotas", &self.action_quotas)?;
-        check_unenforced_list("risk_class_quotas", &self.risk_class_quotas)?;
-        check_unenforced_list("allowed_action_kinds", &self.allowed_action_kinds)?;
-        check_unenforced_list("denied_action_kinds", &self.denied_action_kinds)?;
+        check_unenforced_lists([
+            ("action_quotas", &self.action_quotas),
+            ("risk_class_quotas", &self.risk_class_quotas),
+            ("allowed_action_kinds", &self.allowed_action_kinds),
+            ("denied_action_kinds", &self.denied_action_kinds),
+        ])?;
         if let Some(n) = &self.name {
             len_between("name", n, 1, 256)?;
         }

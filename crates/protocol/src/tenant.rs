@@ -10,7 +10,7 @@ use ledger::{
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::cursor::{next_sorted_cursor, Binding, SortedRequest};
+use crate::cursor::{NextPage, SortedRequest};
 use crate::extensions::check_observe_mode;
 use crate::schema::{
     ReservationExpiryPolicy, SortDirection, TenantSortBy, TenantStatus as TenantStatusSchema,
@@ -309,14 +309,9 @@ pub struct TenantListParams {
     pub limit: Option<ClampedLimit>,
 }
 
-/// A tenant list as the protocol binds its cursors.
-pub struct TenantList {
-    pub operation: ListTenants,
-    binding: Binding<'static>,
-}
-
 impl TenantListParams {
-    pub fn into_list(self, actor: Actor) -> Result<TenantList, ApiError> {
+    /// The list operation, and what its response issues the next cursor from.
+    pub fn into_list(self, actor: Actor) -> Result<(ListTenants, NextPage), ApiError> {
         let status = self
             .status
             .as_deref()
@@ -332,8 +327,8 @@ impl TenantListParams {
             text: |s| s == TenantSort::Name,
         }
         .parse()?;
-        Ok(TenantList {
-            operation: ListTenants {
+        Ok((
+            ListTenants {
                 actor,
                 query: TenantListQuery {
                     filter: TenantFilter {
@@ -345,8 +340,8 @@ impl TenantListParams {
                     window: order.window,
                 },
             },
-            binding: order.binding,
-        })
+            NextPage(Some(order.binding)),
+        ))
     }
 }
 
@@ -361,8 +356,8 @@ pub struct TenantListResponse {
 }
 
 impl TenantListResponse {
-    pub fn new(list: &TenantList, page: SortedPage<Tenant>) -> Self {
-        let next_cursor = next_sorted_cursor(&list.binding, &page);
+    pub fn new(next: &NextPage, page: SortedPage<Tenant>) -> Self {
+        let next_cursor = next.sorted(&page);
         TenantListResponse {
             tenants: page
                 .page

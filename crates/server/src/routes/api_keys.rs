@@ -108,13 +108,13 @@ pub async fn list_api_keys(
     Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
-    let list = app
+    let (operation, next) = app
         .validated(&actor, Plane::Admin, || {
             parse_query::<ApiKeyListParams>(raw.as_deref())?.into_list(actor.clone())
         })
         .await?;
-    let (page, _) = app.run(list.operation.clone(), Plane::Admin).await?;
-    Ok(json(StatusCode::OK, &ApiKeyListResponse::new(&list, page)))
+    let (page, _) = app.run(operation, Plane::Admin).await?;
+    Ok(json(StatusCode::OK, &ApiKeyListResponse::new(&next, page)))
 }
 
 #[utoipa::path(

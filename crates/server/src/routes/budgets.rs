@@ -89,15 +89,15 @@ pub async fn list_budgets(
     Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
-    let list = app
+    let (operation, next) = app
         .validated(&actor, Plane::Admin, || {
             parse_query::<BudgetListParams>(raw.as_deref())?.into_list(actor.clone())
         })
         .await?;
-    let (page, tenant) = app.run(list.operation.clone(), Plane::Admin).await?;
+    let (page, tenant) = app.run(operation, Plane::Admin).await?;
     tenant_json(
         StatusCode::OK,
-        &BudgetListResponse::new(&list, page),
+        &BudgetListResponse::new(&next, page),
         tenant,
     )
 }

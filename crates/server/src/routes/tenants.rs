@@ -80,13 +80,13 @@ pub async fn list_tenants(
     Headers(headers): Headers,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
-    let list = app
+    let (operation, next) = app
         .validated(&actor, Plane::Admin, || {
             parse_query::<TenantListParams>(raw.as_deref())?.into_list(actor.clone())
         })
         .await?;
-    let (page, _) = app.run(list.operation.clone(), Plane::Admin).await?;
-    Ok(json(StatusCode::OK, &TenantListResponse::new(&list, page)))
+    let (page, _) = app.run(operation, Plane::Admin).await?;
+    Ok(json(StatusCode::OK, &TenantListResponse::new(&next, page)))
 }
 
 #[utoipa::path(
