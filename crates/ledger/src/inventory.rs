@@ -45,9 +45,13 @@ impl Inventory {
         if let Some(old) = old {
             self.budgets[old.status as usize] -= 1;
             self.budgets_by_unit[old.unit as usize] -= 1;
-            let entry = (Reverse(old.debt), old.key());
-            self.in_debt.remove(&entry);
-            self.over_limit.remove(&entry);
+            // Every reserve and commit writes budgets: the common write, one neither in debt
+            // nor over its limit, touches two counters and neither set.
+            if old.debt > 0 || old.is_over_limit {
+                let entry = (Reverse(old.debt), old.key());
+                self.in_debt.remove(&entry);
+                self.over_limit.remove(&entry);
+            }
         }
         self.budgets[new.status as usize] += 1;
         self.budgets_by_unit[new.unit as usize] += 1;
