@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use server::{BoundServer, Dashboard, RateLimit, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
+use store::history::Retention;
 use store::SystemClock;
 
 /// The file in the data directory that keeps a generated admin key.
@@ -46,6 +47,17 @@ pub struct ServeArgs {
     /// journal must also have grown by the last snapshot's size).
     #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_MIB", default_value_t = 256)]
     snapshot_after_mib: u64,
+    /// Days audit entries are kept (0 = forever).
+    #[arg(long, env = "CYCLES_AUDIT_RETENTION_DAYS", default_value_t = 400)]
+    audit_retention_days: u32,
+    /// Days the audit entries of requests refused before their caller was known are kept
+    /// (0 = forever).
+    #[arg(
+        long,
+        env = "CYCLES_AUDIT_RETENTION_UNAUTHENTICATED_DAYS",
+        default_value_t = 30
+    )]
+    audit_retention_unauthenticated_days: u32,
     /// Requests per second allowed per API key (0 = no limit). Over it: 429 LIMIT_EXCEEDED.
     #[arg(long, env = "CYCLES_RATE_LIMIT_PER_SECOND", default_value_t = 0.0)]
     rate_limit_per_second: f64,
@@ -108,6 +120,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (admin_api_key, admin_key_note) = admin_key(&args.data_dir, args.admin_api_key)?;
     let mut config = EmbeddedConfig::new(&args.data_dir, durability, Arc::new(SystemClock));
     config.snapshot_after_bytes = args.snapshot_after_mib.max(1) << 20;
+    config.retention = Retention {
+        authenticated_days: args.audit_retention_days,
+        unauthenticated_days: args.audit_retention_unauthenticated_days,
+    };
     let (store, report) = EmbeddedStore::open(config)
         .with_context(|| format!("opening data directory {}", args.data_dir.display()))?;
     tracing::info!(
@@ -116,6 +132,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         replayed = report.records_replayed,
         truncated_bytes = report.truncated_bytes,
         reservations = report.reservations,
+        audit_reprojected = report.audit_reprojected,
         "store recovered"
     );
     let options = ServerOptions {

@@ -12,6 +12,7 @@ mod apikey;
 mod apply;
 mod budget;
 mod error;
+mod history;
 mod idempotency;
 mod intern;
 mod inventory;
@@ -31,6 +32,10 @@ pub use budget::{
     FundingOp, OveragePolicy, Refusal, RolloverPolicy,
 };
 pub use error::Rejection;
+pub use history::{
+    AuditEntry, AuditFilter, AuditPage, AuditQuery, AuditSort, StatusFilter, ADMIN_TENANT,
+    UNAUTH_TENANT,
+};
 pub use idempotency::{Endpoint, IdemKey, IdemRecord};
 pub use inventory::Counts;
 pub use listing::{position, Position, SortBy, SortValue};

@@ -13,8 +13,8 @@ use crate::intern::{share_loaded, Placement, Recent};
 use crate::inventory::Inventory;
 use crate::listing::ListIndex;
 use crate::{
-    Action, ApiKey, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy, Reservation,
-    ReservationStatus, Tenant,
+    Action, ApiKey, AuditEntry, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy,
+    Reservation, ReservationStatus, Tenant,
 };
 
 /// How long a settled or expired reservation stays readable (and its commit/release
@@ -42,6 +42,10 @@ pub enum Effect {
         reservation_id: Arc<str>,
         at_ms: Millis,
     },
+    /// The audit entry of the request that made this record's other effects (or of a
+    /// refused one, alone). History, not state: the state ignores it, and the store projects
+    /// it into its history store once the record is durable.
+    Audit(Box<AuditEntry>),
 }
 
 /// Something that is due for eviction at a time.
@@ -229,6 +233,11 @@ impl State {
         self.budgets.len()
     }
 
+    /// The id of the API key whose secret has this digest, whatever its status.
+    pub fn key_id_by_digest(&self, digest: &[u8; 32]) -> Option<&str> {
+        self.key_by_digest.get(digest).map(String::as_str)
+    }
+
     pub fn reservation_count(&self) -> usize {
         self.reservations.len()
     }
@@ -277,6 +286,7 @@ impl State {
                 reservation_id,
                 at_ms,
             } => self.expire_reservation(reservation_id, *at_ms),
+            Effect::Audit(_) => {}
         }
     }
 

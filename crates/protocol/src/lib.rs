@@ -4,6 +4,7 @@
 //! Handlers convert explicitly between these and the domain types of `ledger`.
 
 pub mod api_key;
+pub mod audit;
 pub mod auth;
 pub mod budget;
 pub mod bulk;

@@ -6,10 +6,11 @@
 //! These types exist for documentation only: nothing is ever built from them.
 
 use ledger::{
-    ApiKeySort, ApiKeyStatus as DomainApiKeyStatus, BudgetSort, BudgetStatus as DomainBudgetStatus,
-    Decision, ExpiryPolicy, FundingOp, Permission as DomainPermission,
-    PolicyStatus as DomainPolicyStatus, ReservationStatus as DomainReservationStatus,
-    RolloverPolicy as DomainRolloverPolicy, SortBy, TenantSort, TenantStatus as DomainTenantStatus,
+    ApiKeySort, ApiKeyStatus as DomainApiKeyStatus, AuditSort, BudgetSort,
+    BudgetStatus as DomainBudgetStatus, Decision, ExpiryPolicy, FundingOp,
+    Permission as DomainPermission, PolicyStatus as DomainPolicyStatus,
+    ReservationStatus as DomainReservationStatus, RolloverPolicy as DomainRolloverPolicy, SortBy,
+    TenantSort, TenantStatus as DomainTenantStatus,
 };
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
@@ -63,6 +64,7 @@ string_enum! {
     ApiKeyStatus => "An API key's state (EXPIRED once `expires_at` has passed).",
         *DomainApiKeyStatus::NAMES;
     TenantSortBy => "The field tenants are listed by.", *TenantSort::NAMES;
+    AuditSortBy => "The field audit entries are listed by.", *AuditSort::NAMES;
     BudgetSortBy => "The field budgets are sorted by.", *BudgetSort::NAMES;
     ApiKeySortBy => "The field API keys are listed by.", *ApiKeySort::NAMES;
     ReservationSortBy => "The field reservations are listed by.",

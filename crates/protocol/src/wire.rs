@@ -9,8 +9,8 @@
 //! and the permission check matches the `:read` / `:write` suffixes of a permission's name.
 
 use ledger::{
-    ApiKeySort, ApiKeyStatus, BudgetSort, Decision, ExpiryPolicy, FundingOp, PolicyStatus,
-    RolloverPolicy, SortBy, TenantSort, TenantStatus,
+    ApiKeySort, ApiKeyStatus, AuditSort, BudgetSort, Decision, ExpiryPolicy, FundingOp,
+    PolicyStatus, RolloverPolicy, SortBy, TenantSort, TenantStatus,
 };
 
 use crate::ApiError;
@@ -100,6 +100,14 @@ wire_names! {
         Debt => "debt",
     }
     TenantSort { TenantId => "tenant_id", Name => "name", Status => "status", CreatedAt => "created_at" }
+    AuditSort {
+        Timestamp => "timestamp",
+        Operation => "operation",
+        ResourceType => "resource_type",
+        TenantId => "tenant_id",
+        KeyId => "key_id",
+        Status => "status",
+    }
     ApiKeySort {
         KeyId => "key_id",
         Name => "name",
@@ -145,6 +153,7 @@ mod tests {
         round_trips::<PolicyStatus>();
         round_trips::<SortBy>();
         round_trips::<TenantSort>();
+        round_trips::<AuditSort>();
         round_trips::<BudgetSort>();
         round_trips::<ApiKeySort>();
     }

@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use ledger::{Actor, Authenticate, Operation};
+use ledger::{Actor, AuditPage, AuditQuery, Authenticate, Operation, Principal};
 use protocol::{ApiError, Plane};
-use store::{Engine, Store, StoreError};
+use store::{AuditFn, Engine, Reply, Store, StoreError};
+
+use crate::audit::{self, AuditDetail, AuditScope};
 
 use crate::auth::AdminKey;
 use crate::jobs::SweepCounters;
@@ -67,7 +69,68 @@ impl App {
         plane: Plane,
     ) -> Result<(O::Output, Option<Arc<str>>), Failure> {
         let load = self.load.current();
-        match self.store.execute(operation, load).await {
+        Self::answer(self.store.execute(operation, load).await, plane)
+    }
+
+    /// Executes an operation that changes something; inside an audited request (see
+    /// [`audit`]) its audit entry is written with its effects, in the same durable step.
+    pub async fn mutate<O: Operation>(
+        &self,
+        operation: O,
+        plane: Plane,
+    ) -> Result<(O::Output, Option<Arc<str>>), Failure>
+    where
+        O::Output: AuditDetail,
+    {
+        let Some(scope) = audit::current() else {
+            return self.run(operation, plane).await;
+        };
+        let audit: AuditFn<O::Output> = Box::new(move |facts| scope.entry(facts, plane));
+        let load = self.load.current();
+        Self::answer(
+            self.store.execute_audited(operation, load, audit).await,
+            plane,
+        )
+    }
+
+    /// Writes the entry of an audited request that was answered `error` before its
+    /// operation reached the store. The caller is resolved on the way (an operation that
+    /// changes nothing carries the entry), so the entry names the tenant and key it can.
+    pub async fn audit_refusal(&self, scope: Arc<AuditScope>, error: ApiError) {
+        // With no credential, resolving the admin is the no-op that carries the entry.
+        let actor = scope.presented().actor().unwrap_or(Actor::Admin);
+        let audit: AuditFn<Principal> = Box::new(move |facts| {
+            let caller = match facts.result {
+                Ok(Principal::Tenant { .. }) => facts.tenant,
+                _ => None,
+            };
+            scope.refusal_entry(&error, caller, facts.state, facts.now)
+        });
+        let load = self.load.current();
+        let written = self
+            .store
+            .execute_audited(Authenticate(actor), load, audit)
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "the audit entry of a refused request was not written");
+        }
+    }
+
+    /// A page of the audit log.
+    pub async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, Failure> {
+        self.store
+            .audit_page(query)
+            .await
+            .map_err(|e| ApiError::unavailable(format!("The audit log is unavailable: {e}")).into())
+    }
+
+    /// A store's reply as a handler's result; a refusal becomes the protocol error of
+    /// `plane`.
+    fn answer<T>(
+        reply: Result<Reply<T>, StoreError>,
+        plane: Plane,
+    ) -> Result<(T, Option<Arc<str>>), Failure> {
+        match reply {
             Ok(reply) => match reply.result {
                 Ok(output) => Ok((output, reply.tenant)),
                 Err(rejection) => Err(Failure {

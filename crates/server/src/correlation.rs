@@ -66,7 +66,7 @@ pub fn finish(mut response: Response, c: Correlation) -> Response {
 }
 
 /// An error answered by the framework rather than a handler.
-fn framework_error(status: StatusCode) -> ApiError {
+pub fn framework_error(status: StatusCode) -> ApiError {
     match status {
         StatusCode::NOT_FOUND => ApiError::not_found("No such endpoint"),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::new(

@@ -39,6 +39,11 @@ pub fn reservation_id() -> String {
     format!("rsv_{}", id.simple())
 }
 
+/// An audit entry's id: `log_` and a version 4 UUID.
+pub fn log_id() -> String {
+    format!("log_{}", uuid_v4().simple())
+}
+
 pub fn event_id() -> String {
     format!("evt_{}", uuid_v4().simple())
 }

@@ -14,7 +14,7 @@
 //!    `load::LoadTracker` that decides the [`store::Load`] of each command, the request
 //!    counters and the sweep's counters.
 //! 3. `metrics` (the request counters and the rendering of `/metrics`), `ratelimit`,
-//!    `correlation`.
+//!    `correlation`, `audit` (the audit scope of a request and the entries made from it).
 //! 4. What knows nothing of the application: `auth` (credentials), `load` (requests in
 //!    flight), `jobs` (the expiry sweep: the store and its counters), `reply`,
 //!    `ids`, `openapi`, `dashboard` (the operator dashboard's files), `alloc_count`.
@@ -25,6 +25,7 @@
 #[cfg(feature = "alloc-count")]
 pub mod alloc_count;
 mod app;
+mod audit;
 mod auth;
 pub mod correlation;
 mod dashboard;

@@ -7,12 +7,13 @@
 
 mod clock;
 pub mod embedded;
+pub mod history;
 
 use std::future::Future;
 use std::sync::Arc;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-use ledger::{Operation, Rejection};
+use ledger::{AuditEntry, AuditPage, AuditQuery, Millis, Operation, Rejection, State};
 
 use embedded::EmbeddedStore;
 
@@ -23,6 +24,22 @@ pub struct Reply<T> {
     /// The caller's effective tenant, once authenticated.
     pub tenant: Option<Arc<str>>,
 }
+
+/// What an operation's audit entry is made from, under the ledger lock, once it has run.
+pub struct AuditFacts<'a, T> {
+    pub result: &'a Result<T, Rejection>,
+    /// The caller's tenant, once authenticated.
+    pub tenant: Option<&'a Arc<str>>,
+    /// The state after the operation (to name the caller's key, say).
+    pub state: &'a State,
+    /// The ledger's time of the operation.
+    pub now: Millis,
+}
+
+/// Makes an operation's audit entry from its result: the caller knows the request (ids,
+/// addresses, the operation's name) and how a result is answered; the store supplies the
+/// result and writes the entry in the same durable step as the operation's effects.
+pub type AuditFn<T> = Box<dyn FnOnce(AuditFacts<'_, T>) -> AuditEntry + Send>;
 
 /// Why a store could not answer (as opposed to answering with a rejection).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,6 +91,25 @@ pub trait Store: Send + Sync + 'static {
         load: Load,
     ) -> impl Future<Output = Result<Reply<O::Output>, StoreError>> + Send;
 
+    /// Applies an operation and writes its audit entry, made by `audit` from its result, in
+    /// the same durable step: a crash never keeps one without the other.
+    fn execute_audited<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+        audit: AuditFn<O::Output>,
+    ) -> impl Future<Output = Result<Reply<O::Output>, StoreError>> + Send;
+
+    /// A page of the audit log, read from the history store (never through the ledger). It
+    /// shows every entry of a change acknowledged before it was asked for.
+    fn audit_page(
+        &self,
+        query: AuditQuery,
+    ) -> impl Future<Output = Result<AuditPage, StoreError>> + Send;
+
+    /// Deletes the audit entries past their retention now (it also runs hourly).
+    fn expire_history(&self) -> impl Future<Output = ()> + Send;
+
     fn health(&self) -> Health;
 
     /// The engine's own counters and gauges.
@@ -103,6 +139,29 @@ impl Store for Engine {
     ) -> Result<Reply<O::Output>, StoreError> {
         match self {
             Engine::Embedded(store) => store.execute(operation, load).await,
+        }
+    }
+
+    async fn execute_audited<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+        audit: AuditFn<O::Output>,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        match self {
+            Engine::Embedded(store) => store.execute_audited(operation, load, audit).await,
+        }
+    }
+
+    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
+        match self {
+            Engine::Embedded(store) => store.audit_page(query).await,
+        }
+    }
+
+    async fn expire_history(&self) {
+        match self {
+            Engine::Embedded(store) => store.expire_history().await,
         }
     }
 

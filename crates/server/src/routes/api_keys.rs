@@ -52,7 +52,7 @@ pub async fn create_api_key(
         actor,
         key: request.into_new(ids::key_id(), &secret, digest),
     };
-    let (key, _) = app.run(operation, Plane::Admin).await?;
+    let (key, _) = app.mutate(operation, Plane::Admin).await?;
     Ok(json(
         StatusCode::CREATED,
         &ApiKeyCreateResponse::new(key, secret),
@@ -87,7 +87,7 @@ pub async fn revoke_api_key(
         key_id: id,
         reason,
     };
-    let (key, _) = app.run(operation, Plane::Admin).await?;
+    let (key, _) = app.mutate(operation, Plane::Admin).await?;
     Ok(json(StatusCode::OK, &ApiKeyResponse::new(key)))
 }
 
@@ -142,6 +142,6 @@ pub async fn update_api_key(
         key_id: id,
         patch: request.into_patch(),
     };
-    let (key, _) = app.run(operation, Plane::Admin).await?;
+    let (key, _) = app.mutate(operation, Plane::Admin).await?;
     Ok(json(StatusCode::OK, &ApiKeyResponse::new(key)))
 }

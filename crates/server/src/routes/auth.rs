@@ -65,6 +65,6 @@ pub async fn validate_api_key(
         actor,
         digest: Sha256::digest(request.key_secret.as_bytes()).into(),
     };
-    let (verdict, _) = app.run(operation, Plane::Admin).await?;
+    let (verdict, _) = app.mutate(operation, Plane::Admin).await?;
     Ok(json(StatusCode::OK, &ValidationResponse::from(verdict)))
 }

@@ -88,7 +88,7 @@ where
             Ok((request.echo(), request.into_operation(actor.clone())?))
         })
         .await?;
-    let (done, _) = app.run(operation, Plane::Admin).await?;
+    let (done, _) = app.mutate(operation, Plane::Admin).await?;
     Ok(json(
         axum::http::StatusCode::OK,
         &BulkActionResponse::new(action, key, &done.result),

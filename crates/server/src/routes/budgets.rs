@@ -66,7 +66,7 @@ pub async fn create_budget(
         actor,
         budget: request.into_new(ids::ledger_id()),
     };
-    let (budget, tenant) = app.run(operation, Plane::Admin).await?;
+    let (budget, tenant) = app.mutate(operation, Plane::Admin).await?;
     budget_answer(budget, StatusCode::CREATED, tenant)
 }
 
@@ -158,7 +158,7 @@ pub async fn fund_budget(
             request.into_command(tenant_id, scope, unit.into())
         })
         .await?;
-    let (funded, tenant) = app.run(FundBudget { actor, fund }, Plane::Admin).await?;
+    let (funded, tenant) = app.mutate(FundBudget { actor, fund }, Plane::Admin).await?;
     let response = BudgetFundingResponse::from(&*funded.result);
     tenant_json(StatusCode::OK, &response, tenant)
 }
@@ -194,7 +194,7 @@ pub async fn update_budget(
         unit,
         patch,
     };
-    let (budget, _) = app.run(operation, Plane::Admin).await?;
+    let (budget, _) = app.mutate(operation, Plane::Admin).await?;
     budget_answer(budget, StatusCode::OK, None)
 }
 
@@ -216,7 +216,7 @@ async fn set_frozen(
         unit,
         frozen,
     };
-    let (budget, _) = app.run(operation, Plane::Admin).await?;
+    let (budget, _) = app.mutate(operation, Plane::Admin).await?;
     budget_answer(budget, StatusCode::OK, None)
 }
 

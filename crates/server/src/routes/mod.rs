@@ -3,6 +3,7 @@
 //! by that declaration and adds it to the OpenAPI document (`crate::openapi`).
 
 mod api_keys;
+mod audit;
 mod auth;
 mod balances;
 mod body;
@@ -17,9 +18,10 @@ mod policies;
 mod reservations;
 mod tenants;
 
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, MatchedPath, RawPathParams, Request, State};
 use axum::handler::Handler;
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -29,6 +31,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::app::App;
+use crate::audit::{AuditIds, AuditScope, OperationIndex, Presented, RequestFacts};
 use crate::correlation::{self, Correlation};
 use crate::dashboard::{self, Dashboard};
 use crate::openapi;
@@ -39,7 +42,7 @@ pub fn router(
     rate_limit: Option<RateLimit>,
     dashboard: Option<Dashboard>,
 ) -> Router {
-    let api: Router<Arc<App>> = api_routes().into();
+    let api: Router<Arc<App>> = api_routes(Some(&app)).into();
     let api = match rate_limit {
         Some(limit) => api.layer(middleware::from_fn_with_state(
             Arc::new(Limiter::new(limit)),
@@ -63,16 +66,92 @@ pub fn router(
 
 /// Every routed operation, for the OpenAPI document.
 pub fn operations() -> OpenApiRouter<Arc<App>> {
-    public_routes().merge(api_routes())
+    public_routes().merge(api_routes(None))
 }
 
 /// What every response gets: the correlation ids and the error body ([`correlation`]), and
 /// the request metrics ([`metrics`]). One middleware, not one per concern: each `from_fn`
 /// layer costs every request a boxed service and a boxed future.
-async fn every_request(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+async fn every_request(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
     let correlation = Correlation::of(request.headers());
+    if crate::audit::applies(request.method(), request.uri().path(), request.headers()) {
+        request.extensions_mut().insert(AuditIds {
+            request_id: correlation.request_id.clone(),
+            trace_id: correlation.trace_id.clone(),
+        });
+    }
     let response = metrics::observe(&app, request, next).await;
     correlation::finish(response, correlation)
+}
+
+/// The operations the audit log names, from the route table's declarations.
+static OPERATIONS: LazyLock<OperationIndex> =
+    LazyLock::new(|| OperationIndex::new(&operations().into_openapi()));
+
+/// The route layer of everything that may be audited (the admin plane, and the runtime's
+/// release, the one runtime write the admin key may make): opens the request's
+/// [`AuditScope`] and, when the request ends without its entry written by the store (it was
+/// refused before its operation ran), writes the entry of its answer.
+async fn audited(
+    State(app): State<Arc<App>>,
+    matched: MatchedPath,
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(ids) = request.extensions().get::<AuditIds>().cloned() else {
+        return next.run(request).await;
+    };
+    let Some(operation) = OPERATIONS.get(request.method(), matched.as_str()).cloned() else {
+        return next.run(request).await;
+    };
+    let headers = request.headers();
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let query_scope = request.uri().query().and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "scope")
+            .map(|(_, v)| v.into_owned())
+    });
+    let facts = RequestFacts {
+        ids,
+        presented: Presented::of(app.admin_key(), headers),
+        user_agent: text(axum::http::header::USER_AGENT),
+        source_ip: request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| peer.ip().to_string()),
+        path_resource: params
+            .ok()
+            .and_then(|p| p.iter().last().map(|(_, v)| v.to_string()))
+            .or(query_scope),
+        method: request.method().clone(),
+        path: request.uri().path().to_string(),
+    };
+    let name = operation.operation.clone();
+    let scope = Arc::new(AuditScope::new(operation, facts));
+    let response = crate::audit::within(scope.clone(), next.run(request)).await;
+    let status = response.status();
+    if scope.written() {
+        return response;
+    }
+    if status.is_success() {
+        // A handler that changes something runs it with `App::mutate`; this is a bug.
+        debug_assert!(false, "{name} succeeded without its audit entry");
+        tracing::error!(operation = %name, "an audited operation succeeded without its entry");
+    } else {
+        let error = response
+            .extensions()
+            .get::<protocol::ApiError>()
+            .cloned()
+            .unwrap_or_else(|| correlation::framework_error(status));
+        app.audit_refusal(scope, error).await;
+    }
+    response
 }
 
 /// Health probes, metrics and the document: no rate limit.
@@ -82,16 +161,25 @@ fn public_routes() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(docs::openapi_json))
 }
 
-/// The runtime and admin planes (everything a key is presented to).
-fn api_routes() -> OpenApiRouter<Arc<App>> {
-    reservations::routes()
+/// The runtime and admin planes (everything a key is presented to). With `app`, the routes
+/// that may be audited get the audit layer; only those pay for it, the runtime's hot path
+/// does not.
+fn api_routes(app: Option<&Arc<App>>) -> OpenApiRouter<Arc<App>> {
+    let runtime = reservations::routes()
         .merge(decisions::routes())
         .merge(events::routes())
-        .merge(balances::routes())
+        .merge(balances::routes());
+    let auditable = reservations::release_routes()
         .merge(tenants::routes())
         .merge(api_keys::routes())
         .merge(auth::routes())
         .merge(overview::routes())
+        .merge(audit::routes())
         .merge(budgets::routes())
-        .merge(policies::routes())
+        .merge(policies::routes());
+    let auditable = match app {
+        Some(app) => auditable.route_layer(middleware::from_fn_with_state(app.clone(), audited)),
+        None => auditable,
+    };
+    runtime.merge(auditable)
 }

@@ -53,7 +53,7 @@ pub async fn create_policy(
         actor,
         policy: request.into_new(ids::policy_id()),
     };
-    let (policy, tenant) = app.run(operation, Plane::Admin).await?;
+    let (policy, tenant) = app.mutate(operation, Plane::Admin).await?;
     policy_answer(policy, StatusCode::CREATED, tenant)
 }
 
@@ -116,6 +116,6 @@ pub async fn update_policy(
         policy_id: id,
         patch: request.into_patch(),
     };
-    let (policy, tenant) = app.run(operation, Plane::Admin).await?;
+    let (policy, tenant) = app.mutate(operation, Plane::Admin).await?;
     policy_answer(policy, StatusCode::OK, tenant)
 }

@@ -55,7 +55,7 @@ pub async fn create_tenant(
         actor,
         tenant: request.into_new(),
     };
-    let (TenantWritten { tenant, created }, _) = app.run(operation, Plane::Admin).await?;
+    let (TenantWritten { tenant, created }, _) = app.mutate(operation, Plane::Admin).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -138,7 +138,7 @@ pub async fn update_tenant(
         tenant_id: id,
         patch: request.into_patch(),
     };
-    let (tenant, _) = app.run(operation, Plane::Admin).await?;
+    let (tenant, _) = app.mutate(operation, Plane::Admin).await?;
     tenant_answer(tenant)
 }
 

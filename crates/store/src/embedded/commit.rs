@@ -28,12 +28,13 @@ use std::task::{Context, Poll};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
-use ledger::{apply, Operation, State};
+use ledger::{apply, AuditEntry, Effect, Operation, State};
 
 use super::journal::{encode_record, JournalRecord, JournalWriter, HEADER_LEN};
 use super::snapshot;
 use super::waiters::{WaitKey, Waiters};
-use crate::{Clock, Reply, StoreError};
+use crate::history::{Entries, Projector};
+use crate::{AuditFacts, AuditFn, Clock, Reply, StoreError};
 
 /// Counters shared with `/metrics`.
 #[derive(Debug, Default)]
@@ -55,6 +56,9 @@ pub struct Ledger {
     pub next_seq: u64,
     /// Encoded frames not yet written (strict mode only).
     pub pending: Vec<u8>,
+    /// The audit entries in those frames, by sequence number: projected into the history
+    /// store once the frames are durable.
+    pub history: Entries,
     /// Whether effects are journaled (strict) or only kept in memory (none).
     pub journaled: bool,
     /// Set by shutdown: no command is applied after it.
@@ -92,6 +96,8 @@ pub struct Shared {
     pub failure: OnceLock<String>,
     pub counters: Counters,
     pub clock: Arc<dyn Clock>,
+    /// The history store and its writer.
+    pub projector: Projector,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> Result<MutexGuard<'_, T>, StoreError> {
@@ -115,11 +121,13 @@ impl Shared {
 
     /// Applies a command and returns its reply with the journal sequence number that must be
     /// durable before the reply may be sent (`None`: nothing to wait for). `wake_syncer` is
-    /// false when the caller holds the journal and runs the round itself.
+    /// false when the caller holds the journal and runs the round itself. With `audit`, the
+    /// command's audit entry is made from its result and written in its journal record.
     pub fn apply<O: Operation>(
         &self,
         operation: O,
         wake_syncer: bool,
+        audit: Option<AuditFn<O::Output>>,
     ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
         let mut ledger = lock(&self.ledger)?;
         if ledger.closed {
@@ -130,7 +138,27 @@ impl Shared {
         }
         let now = self.clock.now_ms().max(ledger.last_now);
         ledger.last_now = now;
-        let applied = apply(&mut ledger.state, operation, now);
+        let mut applied = apply(&mut ledger.state, operation, now);
+        let entry = audit.map(|audit| {
+            audit(AuditFacts {
+                result: &applied.result,
+                tenant: applied.tenant.as_ref(),
+                state: &ledger.state,
+                now,
+            })
+        });
+        // Without a journal the entry goes straight to the history store, once the lock is
+        // let go.
+        let mut unjournaled: Option<AuditEntry> = None;
+        if let Some(entry) = entry {
+            if ledger.journaled {
+                let seq = ledger.next_seq;
+                ledger.history.push((seq, entry.clone()));
+                applied.effects.push(Effect::Audit(Box::new(entry)));
+            } else {
+                unjournaled = Some(entry);
+            }
+        }
         if ledger.journaled && !applied.effects.is_empty() {
             let record = JournalRecord {
                 seq: ledger.next_seq,
@@ -154,6 +182,10 @@ impl Shared {
         let seen = ledger.next_seq - 1;
         let wait =
             (ledger.journaled && self.durable_seq.load(Ordering::Acquire) < seen).then_some(seen);
+        drop(ledger);
+        if let Some(entry) = unjournaled {
+            self.projector.project(0, vec![(0, entry)]);
+        }
         let reply = Reply {
             result: applied.result,
             tenant: applied.tenant,
@@ -255,6 +287,7 @@ impl Shared {
             return Ok(None);
         }
         mem::swap(&mut ledger.pending, &mut syncer.spare);
+        let history = mem::take(&mut ledger.history);
         let upto = ledger.next_seq - 1;
         // The round whose frames take the segment past the threshold starts the snapshot,
         // not whichever write comes after it: on a server that has gone quiet that may be
@@ -262,6 +295,7 @@ impl Shared {
         let snapshot_due = snapshot_idle && syncer.threshold_reached(syncer.spare.len());
         Ok(Some(Round {
             upto,
+            history,
             closing: ledger.closed,
             final_snapshot: ledger.final_snapshot,
             // A closing round leaves the snapshot to `final_snapshot`, which follows it.
@@ -279,6 +313,11 @@ impl Shared {
             c.journal_bytes
                 .fetch_add(syncer.spare.len() as u64, Ordering::Relaxed);
             syncer.spare.clear();
+        }
+        // Handed over before the durable sequence is published: whoever sees the change
+        // acknowledged also finds its entry on its way (see `history::Progress`).
+        if !round.history.is_empty() {
+            self.projector.project(round.upto, round.history);
         }
         self.durable_seq.store(round.upto, Ordering::Release);
         self.waiters.wake_durable(round.upto);
@@ -307,9 +346,10 @@ impl Shared {
             "snapshot started"
         );
         let dir = syncer.dir.clone();
+        let floor = self.projector.floor();
         syncer.snapshot = thread::Builder::new()
             .name("cycles-snapshot".into())
-            .spawn(move || snapshot::write_and_prune(&dir, seq, &source))
+            .spawn(move || snapshot::write_and_prune(&dir, seq, &source, || floor.get()))
             .ok();
         Ok(())
     }
@@ -325,7 +365,8 @@ impl Shared {
         };
         let (seq, source) = (ledger.next_seq - 1, ledger.state.snapshot_source());
         drop(ledger);
-        if let Err(e) = snapshot::write_and_prune(&syncer.dir, seq, &source) {
+        let floor = self.projector.floor();
+        if let Err(e) = snapshot::write_and_prune(&syncer.dir, seq, &source, || floor.get()) {
             tracing::warn!(error = %e, "final snapshot failed; the journal still has everything");
         }
     }
@@ -335,6 +376,8 @@ impl Shared {
 struct Round {
     /// Every record up to this sequence number is in the round's frames (or already durable).
     upto: u64,
+    /// The audit entries in the round's frames.
+    history: Entries,
     /// Shutdown was requested: this is the last round.
     closing: bool,
     final_snapshot: bool,

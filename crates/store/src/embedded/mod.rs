@@ -18,13 +18,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 
-use ledger::{Operation, State};
+use std::time::Duration;
 
-use crate::{Clock, Health, Load, Metric, Reply, Store, StoreError};
+use ledger::{AuditPage, AuditQuery, Operation, State};
+
+use crate::history::{Projector, Retention};
+use crate::{AuditFn, Clock, Health, Load, Metric, Reply, Store, StoreError};
 use commit::{Counters, Ledger, Shared, Syncer};
 use journal::{JournalWriter, HEADER_LEN};
-pub use recovery::{recover, Recovered};
+pub use recovery::{recover, recover_with_history, Recovered};
 use waiters::Waiters;
+
+/// How long a read of the audit log waits for the entries of acknowledged changes.
+const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
 
 /// Journal bytes after which a snapshot is taken and older segments are dropped (at least;
 /// see [`EmbeddedConfig::snapshot_after_bytes`]).
@@ -58,6 +64,8 @@ pub struct EmbeddedConfig {
     /// replays at most about one snapshot's worth of journal.
     pub snapshot_after_bytes: u64,
     pub clock: Arc<dyn Clock>,
+    /// How long audit entries are kept in the history store.
+    pub retention: Retention,
 }
 
 impl EmbeddedConfig {
@@ -71,6 +79,7 @@ impl EmbeddedConfig {
             durability,
             snapshot_after_bytes: DEFAULT_SNAPSHOT_AFTER_BYTES,
             clock,
+            retention: Retention::default(),
         }
     }
 }
@@ -83,6 +92,9 @@ pub struct OpenReport {
     pub truncated_bytes: u64,
     pub last_seq: u64,
     pub reservations: usize,
+    /// Audit entries taken from the journal into the history store at start (those a crash
+    /// left on their way).
+    pub audit_reprojected: usize,
 }
 
 pub struct EmbeddedStore {
@@ -96,10 +108,14 @@ pub struct EmbeddedStore {
 
 impl EmbeddedStore {
     pub fn open(config: EmbeddedConfig) -> io::Result<(Self, OpenReport)> {
-        let (state, syncer, lock, report) = match config.durability {
-            Durability::None => (State::new(), None, None, OpenReport::default()),
+        let (state, syncer, lock, report, projector) = match config.durability {
+            Durability::None => {
+                let projector =
+                    Projector::open_embedded(None, config.retention, config.clock.clone())?;
+                (State::new(), None, None, OpenReport::default(), projector)
+            }
             Durability::Strict => {
-                let (state, journal, lock, report) = open_durable(&config.data_dir)?;
+                let (state, journal, lock, report, projector) = open_durable(&config)?;
                 let last_snapshot_len = snapshot::newest_len(&config.data_dir)?;
                 let syncer = Syncer {
                     journal,
@@ -109,7 +125,7 @@ impl EmbeddedStore {
                     last_snapshot_len,
                     snapshot: None,
                 };
-                (state, Some(syncer), Some(lock), report)
+                (state, Some(syncer), Some(lock), report, projector)
             }
         };
         let shared = Shared {
@@ -118,6 +134,7 @@ impl EmbeddedStore {
                 last_now: i64::MIN,
                 next_seq: report.last_seq + 1,
                 pending: Vec::new(),
+                history: Vec::new(),
                 journaled: syncer.is_some(),
                 closed: false,
                 final_snapshot: false,
@@ -129,6 +146,7 @@ impl EmbeddedStore {
             failure: OnceLock::new(),
             counters: Counters::default(),
             clock: config.clock,
+            projector,
         };
         let shared = Arc::new(shared);
         let thread = match shared.journal {
@@ -159,12 +177,13 @@ impl EmbeddedStore {
         &self,
         operation: O,
         load: Load,
+        audit: Option<AuditFn<O::Output>>,
     ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
         let journal = match (load, &self.shared.journal) {
             (Load::Alone, Some(journal)) => journal.try_lock().ok(),
             _ => None,
         };
-        let (reply, wait) = self.shared.apply(operation, journal.is_none())?;
+        let (reply, wait) = self.shared.apply(operation, journal.is_none(), audit)?;
         if let (Some(mut journal), Some(_)) = (journal, wait) {
             self.shared.sync_alone(&mut journal)?;
         }
@@ -172,7 +191,12 @@ impl EmbeddedStore {
     }
 }
 
-fn open_durable(dir: &Path) -> io::Result<(State, JournalWriter, File, OpenReport)> {
+/// Recovers the data directory: the state from its snapshot and journal, and the history
+/// store brought up to the journal's end (the entries a crash left on their way).
+fn open_durable(
+    config: &EmbeddedConfig,
+) -> io::Result<(State, JournalWriter, File, OpenReport, Projector)> {
+    let dir = &config.data_dir;
     fs::create_dir_all(dir)?;
     let lock = OpenOptions::new()
         .create(true)
@@ -188,7 +212,15 @@ fn open_durable(dir: &Path) -> io::Result<(State, JournalWriter, File, OpenRepor
             ),
         )
     })?;
-    let recovered = recover(dir, true)?;
+    let projector = Projector::open_embedded(Some(dir), config.retention, config.clock.clone())?;
+    let held = projector.history().held_seq()?;
+    let mut backlog = Vec::new();
+    let recovered = recover_with_history(dir, true, held, |seq, entry| {
+        backlog.push((seq, entry.clone()));
+    })?;
+    if !backlog.is_empty() {
+        projector.history().append(recovered.last_seq, &backlog)?;
+    }
     let next_seq = recovered.last_seq + 1;
     let journal = match &recovered.tail_segment {
         Some((path, len)) if *len >= HEADER_LEN => JournalWriter::reopen(dir, path, *len)?,
@@ -204,8 +236,9 @@ fn open_durable(dir: &Path) -> io::Result<(State, JournalWriter, File, OpenRepor
         truncated_bytes: recovered.truncated_bytes,
         last_seq: recovered.last_seq,
         reservations: recovered.state.reservation_count(),
+        audit_reprojected: backlog.len(),
     };
-    Ok((recovered.state, journal, lock, report))
+    Ok((recovered.state, journal, lock, report, projector))
 }
 
 impl Store for EmbeddedStore {
@@ -214,11 +247,45 @@ impl Store for EmbeddedStore {
         operation: O,
         load: Load,
     ) -> Result<Reply<O::Output>, StoreError> {
-        let (reply, wait) = self.apply(operation, load)?;
+        let (reply, wait) = self.apply(operation, load, None)?;
         if let Some(seq) = wait {
             self.shared.wait_durable(seq).await?;
         }
         Ok(reply)
+    }
+
+    async fn execute_audited<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+        audit: AuditFn<O::Output>,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        let (reply, wait) = self.apply(operation, load, Some(audit))?;
+        if let Some(seq) = wait {
+            self.shared.wait_durable(seq).await?;
+        }
+        Ok(reply)
+    }
+
+    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
+        let history = self.shared.projector.history().clone();
+        let progress = self.shared.projector.progress().clone();
+        let read = move || {
+            // Read your writes: the entries of changes acknowledged so far are written
+            // first (a few milliseconds behind at most, unless the disk is failing).
+            progress.wait_caught_up(HISTORY_CATCH_UP);
+            history.audit_page(&query)
+        };
+        match tokio::task::spawn_blocking(read).await {
+            Ok(Ok(page)) => Ok(page),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Err(e) => Err(StoreError::Unavailable(format!("history read: {e}"))),
+        }
+    }
+
+    async fn expire_history(&self) {
+        let shared = self.shared.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.projector.expire_now()).await;
     }
 
     fn health(&self) -> Health {
@@ -302,10 +369,15 @@ impl Store for EmbeddedStore {
     async fn shutdown(&self) {
         self.shared.close(true);
         let thread = self.syncer.lock().ok().and_then(|mut t| t.take());
-        if let Some(thread) = thread {
-            // The last sync and the final snapshot: blocking work.
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
+        let shared = self.shared.clone();
+        // The last sync, the final snapshot and the history's last batch: blocking work.
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(thread) = thread {
+                let _ = thread.join();
+            }
+            shared.projector.shutdown();
+        })
+        .await;
     }
 }
 
@@ -317,6 +389,7 @@ impl Drop for EmbeddedStore {
         if let Some(thread) = self.syncer.get_mut().ok().and_then(Option::take) {
             let _ = thread.join();
         }
+        self.shared.projector.shutdown();
     }
 }
 

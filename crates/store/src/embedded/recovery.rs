@@ -8,7 +8,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use ledger::State;
+use ledger::{AuditEntry, Effect, State};
 
 use super::files::{list_segments, list_snapshots};
 use super::journal::{read_segment, truncate_segment};
@@ -32,6 +32,18 @@ pub struct Recovered {
 /// Recovers the state from `dir`. With `repair`, a torn tail is truncated on disk; without
 /// it (as `cycles verify` does) the directory is only read.
 pub fn recover(dir: &Path, repair: bool) -> io::Result<Recovered> {
+    recover_with_history(dir, repair, u64::MAX, |_, _| {})
+}
+
+/// Recovers the state as [`recover`] does, and hands the audit entries of the records after
+/// `history_held` (the last one the history store holds) to `on_audit`, whether or not a
+/// snapshot covers them: the journal keeps those records until the history store has them.
+pub fn recover_with_history(
+    dir: &Path,
+    repair: bool,
+    history_held: u64,
+    mut on_audit: impl FnMut(u64, &AuditEntry),
+) -> io::Result<Recovered> {
     let (mut state, snapshot_seq) = latest_snapshot(dir)?;
     let mut last_seq = snapshot_seq.unwrap_or(0);
     let mut records_replayed = 0;
@@ -41,6 +53,13 @@ pub fn recover(dir: &Path, repair: bool) -> io::Result<Recovered> {
     for (i, (_, path)) in segments.iter().enumerate() {
         let mut gap = None;
         let end = read_segment(path, |record| {
+            if record.seq > history_held {
+                for effect in &record.effects {
+                    if let Effect::Audit(entry) = effect {
+                        on_audit(record.seq, entry);
+                    }
+                }
+            }
             if record.seq <= last_seq {
                 return true;
             }

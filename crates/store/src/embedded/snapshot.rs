@@ -94,12 +94,19 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
     Ok(postcard::from_bytes(payload).ok().map(|data| (seq, data)))
 }
 
-/// Writes a snapshot at `seq`, then deletes what it makes redundant.
-/// Returns the snapshot's size in bytes.
-pub fn write_and_prune<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Result<u64> {
+/// Writes a snapshot at `seq`, then deletes what it makes redundant. `history_floor`, asked
+/// once the snapshot is written, is the last sequence number the history store holds when it
+/// still has records of the journal to take (see [`prune`]). Returns the snapshot's size in
+/// bytes.
+pub fn write_and_prune<T: Serialize>(
+    dir: &Path,
+    seq: u64,
+    data: &T,
+    history_floor: impl FnOnce() -> Option<u64>,
+) -> io::Result<u64> {
     let path = write_snapshot(dir, seq, data)?;
     let len = fs::metadata(&path)?.len();
-    prune(dir, seq)?;
+    prune(dir, seq, history_floor())?;
     Ok(len)
 }
 
@@ -113,8 +120,10 @@ pub fn newest_len(dir: &Path) -> io::Result<u64> {
 
 /// Deletes what a durable snapshot at `seq` makes redundant. The previous snapshot, and the
 /// journal after it, are kept: if the newest snapshot is ever unreadable, recovery falls back
-/// to the one before it and replays the journal from there.
-pub fn prune(dir: &Path, seq: u64) -> io::Result<()> {
+/// to the one before it and replays the journal from there. With a `history_floor`, no
+/// segment holding a record after it is deleted either: the history store has yet to take
+/// those records' entries, and takes them from the journal after a crash.
+pub fn prune(dir: &Path, seq: u64, history_floor: Option<u64>) -> io::Result<()> {
     let snapshots = list_snapshots(dir)?;
     let keep_from = snapshots
         .iter()
@@ -127,11 +136,12 @@ pub fn prune(dir: &Path, seq: u64) -> io::Result<()> {
             fs::remove_file(path)?;
         }
     }
+    let journal_from = history_floor.map_or(keep_from, |floor| floor.min(keep_from));
     let segments = list_segments(dir)?;
     for pair in segments.windows(2) {
         let (_, path) = &pair[0];
         let (next_first, _) = pair[1];
-        if keep_from > 0 && next_first <= keep_from + 1 {
+        if journal_from > 0 && next_first <= journal_from + 1 {
             fs::remove_file(path)?;
         }
     }

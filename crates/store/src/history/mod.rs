@@ -1,0 +1,332 @@
+//! The history store: what is append-only and historical (audit entries today; events and
+//! deliveries are to follow) lives on disk, indexed for the API's queries, never in the
+//! ledger's memory.
+//!
+//! The journal stays the one durable step: an entry is written in the journal record of the
+//! change it describes, and the history store is a projection of the journal, applied after
+//! the record is durable, by one background writer ([`Projector`]). It remembers the last
+//! journal sequence number it holds, so the projection is idempotent: recovery re-projects
+//! the journal's tail after it, and the journal is never pruned past what it holds (see
+//! [`Progress::pending`]). Reads go to the store directly, never through the ledger lock.
+
+mod sqlite;
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use ledger::{AuditEntry, AuditPage, AuditQuery, Millis};
+
+use crate::Clock;
+pub use sqlite::SqliteHistory;
+
+/// One journal record's audit entries, by the record's sequence number.
+pub type Entries = Vec<(u64, AuditEntry)>;
+
+/// How long audit entries are kept (0 days: forever).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Entries of a known caller (a tenant key or the admin key).
+    pub authenticated_days: u32,
+    /// Entries of requests refused before their caller was known
+    /// ([`ledger::UNAUTH_TENANT`]).
+    pub unauthenticated_days: u32,
+}
+
+impl Default for Retention {
+    /// The reference's defaults.
+    fn default() -> Self {
+        Retention {
+            authenticated_days: 400,
+            unauthenticated_days: 30,
+        }
+    }
+}
+
+const DAY_MS: Millis = 24 * 3_600_000;
+
+impl Retention {
+    /// The cutoffs at `now`: entries older than these go (`None`: kept forever).
+    fn cutoffs(self, now: Millis) -> (Option<Millis>, Option<Millis>) {
+        let cutoff = |days: u32| (days > 0).then(|| now - i64::from(days) * DAY_MS);
+        (
+            cutoff(self.authenticated_days),
+            cutoff(self.unauthenticated_days),
+        )
+    }
+}
+
+/// What a history store does: the narrow surface an engine's history lives behind, so each
+/// engine keeps it where it belongs (the embedded one in a file beside its journal).
+pub trait History: Send + Sync + 'static {
+    /// Adds the entries of journal records up to `upto`, with `upto` as the sequence number
+    /// held, in one durable step.
+    fn append(&self, upto: u64, entries: &[(u64, AuditEntry)]) -> io::Result<()>;
+
+    /// The last journal sequence number whose entries are held durably (0: none).
+    fn held_seq(&self) -> io::Result<u64>;
+
+    /// One page of the audit log.
+    fn audit_page(&self, query: &AuditQuery) -> io::Result<AuditPage>;
+
+    /// Deletes authenticated entries before `authenticated` and unauthenticated ones before
+    /// `unauthenticated`; answers how many went.
+    fn expire(
+        &self,
+        authenticated: Option<Millis>,
+        unauthenticated: Option<Millis>,
+    ) -> io::Result<u64>;
+
+    /// How many audit entries are held.
+    fn audit_count(&self) -> io::Result<u64>;
+}
+
+/// What is handed to the projector, in journal order.
+enum Work {
+    Append { upto: u64, entries: Entries },
+    Expire,
+}
+
+/// How far the projection has come: batches handed over and batches written. When the two
+/// are equal, everything durable in the journal is in the history store too.
+#[derive(Debug, Default)]
+pub struct Progress {
+    sent: AtomicU64,
+    written: Mutex<u64>,
+    advanced: Condvar,
+    /// Expiry runs, for tests and metrics.
+    expired: AtomicU64,
+}
+
+impl Progress {
+    /// Whether entries handed over are not yet written. While they are, the journal records
+    /// after the store's held sequence number must stay on disk.
+    pub fn pending(&self) -> bool {
+        let written = *self.written.lock().unwrap_or_else(|e| e.into_inner());
+        self.sent.load(Ordering::Acquire) != written
+    }
+
+    /// Waits (at most `timeout`) until every batch handed over so far is written: a read
+    /// after an acknowledged change then sees the change's entry.
+    pub fn wait_caught_up(&self, timeout: Duration) -> bool {
+        let target = self.sent.load(Ordering::Acquire);
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let (written, _) = self
+            .advanced
+            .wait_timeout_while(written, timeout, |w| *w < target)
+            .unwrap_or_else(|e| e.into_inner());
+        *written >= target
+    }
+
+    fn mark_written(&self, batches: u64) {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        *written += batches;
+        self.advanced.notify_all();
+    }
+}
+
+/// What the journal must keep for the history store: read by the snapshot thread when it
+/// prunes (see [`crate::embedded::snapshot::prune`]).
+#[derive(Clone)]
+pub struct Floor {
+    history: Arc<dyn History>,
+    progress: Arc<Progress>,
+}
+
+impl Floor {
+    /// The last sequence number the history store holds, when entries after it are still
+    /// on their way (`None`: it has everything, the journal need keep nothing for it).
+    pub fn get(&self) -> Option<u64> {
+        self.progress
+            .pending()
+            .then(|| self.history.held_seq().unwrap_or(0))
+    }
+}
+
+/// The history store with its background writer.
+pub struct Projector {
+    history: Arc<dyn History>,
+    queue: Mutex<Option<SyncSender<Work>>>,
+    progress: Arc<Progress>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Batches the writer may fall behind by before the syncer waits for it (backpressure, so a
+/// slow disk bounds memory instead of growing it).
+const QUEUE_DEPTH: usize = 1024;
+/// How often retention runs on its own.
+const EXPIRY_INTERVAL: Duration = Duration::from_secs(3600);
+
+impl Projector {
+    /// Starts the writer for `history`, with `retention` run at start and then hourly.
+    pub fn start(
+        history: Arc<dyn History>,
+        retention: Retention,
+        clock: Arc<dyn Clock>,
+    ) -> io::Result<Self> {
+        let (queue, work) = mpsc::sync_channel(QUEUE_DEPTH);
+        let progress = Arc::new(Progress::default());
+        let writer = Writer {
+            history: history.clone(),
+            progress: progress.clone(),
+            retention,
+            clock,
+        };
+        let thread = thread::Builder::new()
+            .name("cycles-history".into())
+            .spawn(move || writer.run(work))?;
+        Ok(Projector {
+            history,
+            queue: Mutex::new(Some(queue)),
+            progress,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Opens the embedded history file in `dir` (or an in-memory one) and starts its writer.
+    pub fn open_embedded(
+        dir: Option<&Path>,
+        retention: Retention,
+        clock: Arc<dyn Clock>,
+    ) -> io::Result<Self> {
+        let history = match dir {
+            Some(dir) => SqliteHistory::open(&dir.join(sqlite::FILE_NAME))?,
+            None => SqliteHistory::in_memory()?,
+        };
+        Self::start(Arc::new(history), retention, clock)
+    }
+
+    pub fn history(&self) -> &Arc<dyn History> {
+        &self.history
+    }
+
+    pub fn progress(&self) -> &Arc<Progress> {
+        &self.progress
+    }
+
+    pub fn floor(&self) -> Floor {
+        Floor {
+            history: self.history.clone(),
+            progress: self.progress.clone(),
+        }
+    }
+
+    /// Hands over the entries of records up to `upto` (already durable in the journal).
+    pub fn project(&self, upto: u64, entries: Entries) {
+        self.send(Work::Append { upto, entries });
+    }
+
+    /// Runs retention now (it also runs hourly); returns once it has run.
+    pub fn expire_now(&self) {
+        let before = self.progress.expired.load(Ordering::Acquire);
+        self.send(Work::Expire);
+        self.progress.wait_caught_up(Duration::from_secs(30));
+        while self.progress.expired.load(Ordering::Acquire) == before {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn send(&self, work: Work) {
+        let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(queue) = queue.as_ref() {
+            self.progress.sent.fetch_add(1, Ordering::AcqRel);
+            if queue.send(work).is_err() {
+                // The writer is gone (it only stops on shutdown): what was not written is
+                // re-projected from the journal on the next start.
+                self.progress.sent.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Writes what is queued and stops the writer.
+    pub fn shutdown(&self) {
+        drop(self.queue.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Projector {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The writer thread: appends in batches (everything queued goes in one transaction) and
+/// runs retention.
+struct Writer {
+    history: Arc<dyn History>,
+    progress: Arc<Progress>,
+    retention: Retention,
+    clock: Arc<dyn Clock>,
+}
+
+impl Writer {
+    fn run(self, work: Receiver<Work>) {
+        self.expire();
+        loop {
+            let first = match work.recv_timeout(EXPIRY_INTERVAL) {
+                Ok(first) => first,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.expire();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let mut batch = vec![first];
+            while let Ok(more) = work.try_recv() {
+                batch.push(more);
+            }
+            self.write(batch);
+        }
+    }
+
+    /// Writes a batch, retrying until the disk takes it: the journal keeps every record
+    /// meanwhile, so nothing is lost, only late.
+    fn write(&self, batch: Vec<Work>) {
+        let count = batch.len() as u64;
+        let mut upto = None;
+        let mut entries = Vec::new();
+        let mut expire = false;
+        for work in batch {
+            match work {
+                Work::Append {
+                    upto: u,
+                    entries: e,
+                } => {
+                    upto = Some(u);
+                    entries.extend(e);
+                }
+                Work::Expire => expire = true,
+            }
+        }
+        if let Some(upto) = upto {
+            let mut delay = Duration::from_millis(10);
+            while let Err(e) = self.history.append(upto, &entries) {
+                tracing::error!(error = %e, "history store write failed; retrying");
+                thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+        if expire {
+            self.expire();
+        }
+        self.progress.mark_written(count);
+    }
+
+    fn expire(&self) {
+        let (authenticated, unauthenticated) = self.retention.cutoffs(self.clock.now_ms());
+        match self.history.expire(authenticated, unauthenticated) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(entries = n, "audit entries past retention deleted"),
+            Err(e) => tracing::warn!(error = %e, "audit retention failed; will retry"),
+        }
+        self.progress.expired.fetch_add(1, Ordering::AcqRel);
+    }
+}

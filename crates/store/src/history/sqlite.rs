@@ -1,0 +1,401 @@
+//! The embedded engine's history store: one SQLite file beside the journal.
+//!
+//! SQLite, not a key-value store, because the audit log's queries are many filters in any
+//! combination, sorted by any of six columns, and an index per ordering turns each page into
+//! an index walk (O(page), not O(entries)) with no query planner of our own. It runs in WAL
+//! mode, so readers never wait for the writer, and with `synchronous = FULL`: a commit is on
+//! disk when `append` returns, which is what lets the journal be pruned behind it. Its page
+//! cache is bounded, so memory does not grow with the history.
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use ledger::{AuditEntry, AuditPage, AuditQuery, AuditSort, Millis, SortValue, StatusFilter};
+use ledger::{Position, UNAUTH_TENANT};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+
+use super::History;
+
+pub const FILE_NAME: &str = "history.sqlite";
+
+/// Pages of SQLite's cache per connection (negative: KiB), so memory stays flat however large
+/// the history grows.
+const CACHE_KIB: i64 = 8 * 1024;
+/// Rows deleted per transaction by retention, so the writer never holds the file for long.
+const EXPIRY_CHUNK: i64 = 10_000;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY,
+    log_id TEXT NOT NULL,
+    ts INTEGER NOT NULL,
+    tenant_id TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    user_agent TEXT,
+    source_ip TEXT,
+    operation TEXT NOT NULL,
+    resource_type TEXT NOT NULL,
+    resource_id TEXT,
+    request_id TEXT,
+    trace_id TEXT,
+    status INTEGER NOT NULL,
+    error_code TEXT,
+    metadata TEXT
+);
+CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
+CREATE INDEX IF NOT EXISTS audit_tenant ON audit (tenant_id, ts);
+CREATE INDEX IF NOT EXISTS audit_key ON audit (key_id, ts);
+CREATE INDEX IF NOT EXISTS audit_operation ON audit (operation, ts);
+CREATE INDEX IF NOT EXISTS audit_resource_type ON audit (resource_type, ts);
+CREATE INDEX IF NOT EXISTS audit_status ON audit (status, ts);
+CREATE INDEX IF NOT EXISTS audit_resource ON audit (resource_id);
+CREATE INDEX IF NOT EXISTS audit_request ON audit (request_id);
+CREATE INDEX IF NOT EXISTS audit_trace ON audit (trace_id);
+";
+
+const COLUMNS: &str = "seq, log_id, ts, tenant_id, key_id, user_agent, source_ip, operation, \
+    resource_type, resource_id, request_id, trace_id, status, error_code, metadata";
+
+pub struct SqliteHistory {
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+    /// The held sequence number, as last written (read without touching the file).
+    held: AtomicU64,
+}
+
+fn sql_error(e: rusqlite::Error) -> io::Error {
+    io::Error::other(format!("history store: {e}"))
+}
+
+fn lock(connection: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    connection.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SqliteHistory {
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let open = || Connection::open(path).map_err(sql_error);
+        let writer = open()?;
+        writer
+            .pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql_error)?;
+        writer
+            .pragma_update(None, "synchronous", "FULL")
+            .map_err(sql_error)?;
+        Self::with(writer, open()?)
+    }
+
+    /// A history that lives in memory, for an engine that keeps nothing on disk.
+    pub fn in_memory() -> io::Result<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "file:cycles-history-{}-{}?mode=memory&cache=shared",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let open = || Connection::open_with_flags(&name, flags).map_err(sql_error);
+        Self::with(open()?, open()?)
+    }
+
+    fn with(writer: Connection, reader: Connection) -> io::Result<Self> {
+        for c in [&writer, &reader] {
+            c.pragma_update(None, "cache_size", -CACHE_KIB)
+                .map_err(sql_error)?;
+            c.busy_timeout(std::time::Duration::from_secs(10))
+                .map_err(sql_error)?;
+        }
+        writer.execute_batch(SCHEMA).map_err(sql_error)?;
+        let held = writer
+            .query_row("SELECT value FROM meta WHERE name = 'held_seq'", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()
+            .map_err(sql_error)?
+            .unwrap_or(0);
+        Ok(SqliteHistory {
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
+            held: AtomicU64::new(held as u64),
+        })
+    }
+}
+
+impl History for SqliteHistory {
+    fn append(&self, upto: u64, entries: &[(u64, AuditEntry)]) -> io::Result<()> {
+        let mut writer = lock(&self.writer);
+        let tx = writer.transaction().map_err(sql_error)?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO audit (log_id, ts, tenant_id, key_id, user_agent, source_ip, \
+                     operation, resource_type, resource_id, request_id, trace_id, status, \
+                     error_code, metadata) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                )
+                .map_err(sql_error)?;
+            for (_, e) in entries {
+                insert
+                    .execute(params![
+                        e.log_id,
+                        e.timestamp_ms,
+                        e.tenant_id,
+                        e.key_id.as_deref().unwrap_or(""),
+                        e.user_agent,
+                        e.source_ip,
+                        e.operation,
+                        e.resource_type.as_deref().unwrap_or(""),
+                        e.resource_id,
+                        e.request_id,
+                        e.trace_id,
+                        e.status,
+                        e.error_code,
+                        e.metadata,
+                    ])
+                    .map_err(sql_error)?;
+            }
+            tx.execute(
+                "INSERT INTO meta (name, value) VALUES ('held_seq', ?1) \
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                [upto as i64],
+            )
+            .map_err(sql_error)?;
+        }
+        tx.commit().map_err(sql_error)?;
+        self.held.store(upto, Ordering::Release);
+        Ok(())
+    }
+
+    fn held_seq(&self) -> io::Result<u64> {
+        Ok(self.held.load(Ordering::Acquire))
+    }
+
+    fn audit_page(&self, query: &AuditQuery) -> io::Result<AuditPage> {
+        let (sql, values) = page_sql(query);
+        let reader = lock(&self.reader);
+        let mut statement = reader.prepare_cached(&sql).map_err(sql_error)?;
+        let rows = statement
+            .query_map(rusqlite::params_from_iter(values), entry_row)
+            .map_err(sql_error)?;
+        let mut entries = Vec::new();
+        let mut positions = Vec::new();
+        for row in rows {
+            let (seq, entry) = row.map_err(sql_error)?;
+            positions.push(position(query.sort, &entry, seq));
+            entries.push(entry);
+        }
+        let next = if entries.len() > query.window.limit {
+            entries.truncate(query.window.limit);
+            positions.truncate(query.window.limit);
+            positions.pop()
+        } else {
+            None
+        };
+        Ok(AuditPage { entries, next })
+    }
+
+    fn expire(
+        &self,
+        authenticated: Option<Millis>,
+        unauthenticated: Option<Millis>,
+    ) -> io::Result<u64> {
+        let writer = lock(&self.writer);
+        let mut deleted = 0;
+        let mut run = |sql: &str, cutoff: Millis| -> io::Result<()> {
+            loop {
+                let n = writer
+                    .execute(sql, params![cutoff, EXPIRY_CHUNK])
+                    .map_err(sql_error)?;
+                deleted += n as u64;
+                if (n as i64) < EXPIRY_CHUNK {
+                    return Ok(());
+                }
+            }
+        };
+        // Both walk an index from its oldest end: no scan of what is kept.
+        if let Some(cutoff) = unauthenticated {
+            run(
+                &format!(
+                    "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit \
+                     WHERE tenant_id = '{UNAUTH_TENANT}' AND ts < ?1 LIMIT ?2)"
+                ),
+                cutoff,
+            )?;
+        }
+        if let Some(cutoff) = authenticated {
+            run(
+                &format!(
+                    "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE ts < ?1 \
+                     AND tenant_id <> '{UNAUTH_TENANT}' LIMIT ?2)"
+                ),
+                cutoff,
+            )?;
+        }
+        Ok(deleted)
+    }
+
+    fn audit_count(&self) -> io::Result<u64> {
+        let reader = lock(&self.reader);
+        reader
+            .query_row("SELECT count(*) FROM audit", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
+            .map_err(sql_error)
+    }
+}
+
+fn column(sort: AuditSort) -> &'static str {
+    match sort {
+        AuditSort::Timestamp => "ts",
+        AuditSort::Operation => "operation",
+        AuditSort::ResourceType => "resource_type",
+        AuditSort::TenantId => "tenant_id",
+        AuditSort::KeyId => "key_id",
+        AuditSort::Status => "status",
+    }
+}
+
+/// The SQL of one page (one row more than the page, to know whether more follow) and its
+/// parameters.
+fn page_sql(query: &AuditQuery) -> (String, Vec<Value>) {
+    let f = &query.filter;
+    let mut clauses: Vec<String> = Vec::new();
+    let mut values: Vec<Value> = Vec::new();
+    let bind = |values: &mut Vec<Value>, v: Value| {
+        values.push(v);
+        format!("?{}", values.len())
+    };
+    let text = |s: &str| Value::Text(s.to_string());
+    for (col, value) in [
+        ("tenant_id", &f.tenant_id),
+        ("key_id", &f.key_id),
+        ("resource_id", &f.resource_id),
+        ("trace_id", &f.trace_id),
+        ("request_id", &f.request_id),
+    ] {
+        if let Some(v) = value {
+            let p = bind(&mut values, text(v));
+            clauses.push(format!("{col} = {p}"));
+        }
+    }
+    for (col, list, negate) in [
+        ("operation", &f.operations, false),
+        ("resource_type", &f.resource_types, false),
+        ("error_code", &f.error_codes, false),
+        ("error_code", &f.error_codes_excluded, true),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        let params: Vec<String> = list.iter().map(|v| bind(&mut values, text(v))).collect();
+        let set = params.join(", ");
+        // NOT IN passes a NULL error code (a success); IN never matches one.
+        clauses.push(if negate {
+            format!("({col} IS NULL OR {col} NOT IN ({set}))")
+        } else {
+            format!("{col} IN ({set})")
+        });
+    }
+    match f.status {
+        StatusFilter::Any => {}
+        StatusFilter::Exactly(s) => {
+            let p = bind(&mut values, Value::Integer(s.into()));
+            clauses.push(format!("status = {p}"));
+        }
+        StatusFilter::Between(min, max) => {
+            if let Some(min) = min {
+                let p = bind(&mut values, Value::Integer(min.into()));
+                clauses.push(format!("status >= {p}"));
+            }
+            if let Some(max) = max {
+                let p = bind(&mut values, Value::Integer(max.into()));
+                clauses.push(format!("status <= {p}"));
+            }
+        }
+    }
+    if let Some(from) = f.from_ms {
+        let p = bind(&mut values, Value::Integer(from));
+        clauses.push(format!("ts >= {p}"));
+    }
+    if let Some(to) = f.to_ms {
+        let p = bind(&mut values, Value::Integer(to));
+        clauses.push(format!("ts <= {p}"));
+    }
+    if let Some(search) = &f.search {
+        let p = bind(&mut values, text(&search.to_lowercase()));
+        clauses.push(format!(
+            "(instr(lower(coalesce(resource_id, '')), {p}) > 0 OR instr(lower(log_id), {p}) > 0 \
+             OR instr(lower(coalesce(error_code, '')), {p}) > 0 \
+             OR instr(lower(operation), {p}) > 0)"
+        ));
+    }
+    let col = column(query.sort);
+    let (dir, cmp) = if query.window.descending {
+        ("DESC", "<")
+    } else {
+        ("ASC", ">")
+    };
+    if let Some((value, seq)) = &query.window.after {
+        let value = match value {
+            SortValue::Int(v) => Value::Integer(*v),
+            SortValue::Text(s) => text(s),
+        };
+        let v = bind(&mut values, value);
+        let s = bind(&mut values, Value::Integer(seq.parse().unwrap_or(0)));
+        clauses.push(format!("({col}, seq) {cmp} ({v}, {s})"));
+    }
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", clauses.join(" AND "))
+    };
+    let limit = bind(&mut values, Value::Integer(query.window.limit as i64 + 1));
+    (
+        format!(
+            "SELECT {COLUMNS} FROM audit{filter} ORDER BY {col} {dir}, seq {dir} LIMIT {limit}"
+        ),
+        values,
+    )
+}
+
+fn entry_row(r: &Row<'_>) -> rusqlite::Result<(i64, AuditEntry)> {
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    Ok((
+        r.get(0)?,
+        AuditEntry {
+            log_id: r.get(1)?,
+            timestamp_ms: r.get(2)?,
+            tenant_id: r.get(3)?,
+            key_id: some(r.get(4)?),
+            user_agent: r.get(5)?,
+            source_ip: r.get(6)?,
+            operation: r.get(7)?,
+            resource_type: some(r.get(8)?),
+            resource_id: r.get(9)?,
+            request_id: r.get(10)?,
+            trace_id: r.get(11)?,
+            status: r.get(12)?,
+            error_code: r.get(13)?,
+            metadata: r.get(14)?,
+        },
+    ))
+}
+
+/// An entry's position in `sort`'s order: the column's value, then its `seq`.
+fn position(sort: AuditSort, e: &AuditEntry, seq: i64) -> Position {
+    let text = |s: &Option<String>| SortValue::Text(s.clone().unwrap_or_default());
+    let value = match sort {
+        AuditSort::Timestamp => SortValue::Int(e.timestamp_ms),
+        AuditSort::Status => SortValue::Int(e.status.into()),
+        AuditSort::Operation => SortValue::Text(e.operation.clone()),
+        AuditSort::ResourceType => text(&e.resource_type),
+        AuditSort::TenantId => SortValue::Text(e.tenant_id.clone()),
+        AuditSort::KeyId => text(&e.key_id),
+    };
+    (value, seq.to_string())
+}
