@@ -41,13 +41,14 @@ pub struct AuditListParams {
     #[param(explode = false, max_items = 25)]
     pub error_code_exclude: Vec<String>,
     /// An exact HTTP status; not with `status_min` or `status_max`.
-    pub status: Option<u16>,
+    #[param(value_type = Option<u16>)]
+    pub status: Option<String>,
     /// Inclusive lower bound on the status, 100 to 599.
-    #[param(minimum = 100, maximum = 599)]
-    pub status_min: Option<u16>,
+    #[param(value_type = Option<u16>, minimum = 100, maximum = 599)]
+    pub status_min: Option<String>,
     /// Inclusive upper bound on the status, 100 to 599.
-    #[param(minimum = 100, maximum = 599)]
-    pub status_max: Option<u16>,
+    #[param(value_type = Option<u16>, minimum = 100, maximum = 599)]
+    pub status_max: Option<String>,
     /// Entries at or after this time (RFC 3339).
     #[param(format = DateTime)]
     pub from: Option<String>,
@@ -155,15 +156,24 @@ impl AuditListParams {
     }
 
     fn status_filter(&self) -> Result<StatusFilter, ApiError> {
-        for (name, bound) in [
-            ("status_min", self.status_min),
-            ("status_max", self.status_max),
-        ] {
+        let number = |name: &str, value: &Option<String>| {
+            value
+                .as_deref()
+                .map(|v| {
+                    v.parse::<u16>()
+                        .map_err(|_| ApiError::invalid(format!("{name}: must be an HTTP status")))
+                })
+                .transpose()
+        };
+        let status = number("status", &self.status)?;
+        let min = number("status_min", &self.status_min)?;
+        let max = number("status_max", &self.status_max)?;
+        for (name, bound) in [("status_min", min), ("status_max", max)] {
             if bound.is_some_and(|b| !(100..=599).contains(&b)) {
                 return Err(ApiError::invalid(format!("{name}: must be 100 to 599")));
             }
         }
-        match (self.status, self.status_min, self.status_max) {
+        match (status, min, max) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(ApiError::invalid(
                 "status: cannot be combined with status_min or status_max",
             )),

@@ -225,15 +225,23 @@ impl AuditScope {
     /// The entry of an operation that reached the store, from its result.
     pub fn entry<T: AuditDetail>(&self, facts: AuditFacts<'_, T>, plane: Plane) -> AuditEntry {
         let (status, error_code, detail) = match facts.result {
-            Ok(output) => (
-                output.status().unwrap_or(self.audited.success),
-                None,
-                Detail {
-                    resource_id: output.resource_id(),
-                    tenant_id: output.tenant_id(),
+            Ok(output) => {
+                let resource_id = output.resource_id();
+                let tenant_id = output.tenant_id().or_else(|| {
+                    let id = resource_id.as_ref().or(self.path_resource.as_ref())?;
+                    self.resource_tenant(facts.state, id)
+                });
+                let detail = Detail {
+                    resource_id,
+                    tenant_id,
                     metadata: output.metadata(),
-                },
-            ),
+                };
+                (
+                    output.status().unwrap_or(self.audited.success),
+                    None,
+                    detail,
+                )
+            }
             Err(rejection) => {
                 let error = ApiError::from_rejection(rejection.clone(), plane);
                 let detail = Detail::refused(&error);
@@ -289,6 +297,16 @@ impl AuditScope {
             self.audited.resource_type,
             "budget" | "policy" | "reservation"
         ) || resource_id == Some(BULK_RESOURCE)
+    }
+
+    /// The tenant a resource belongs to, when its operation's result does not say: a
+    /// budget's scope names it, a reservation records it.
+    fn resource_tenant(&self, state: &ledger::State, id: &str) -> Option<String> {
+        match self.audited.resource_type {
+            "budget" => ledger::scope_tenant(id).map(str::to_string),
+            "reservation" => state.reservation(id).map(|r| r.tenant_id.to_string()),
+            _ => None,
+        }
     }
 
     fn key_id(&self, state: &ledger::State) -> Option<String> {
