@@ -200,4 +200,28 @@ mod tests {
         fs::write(&path, bytes).expect("write bytes");
         assert!(read_snapshot(&path).expect("read").is_none());
     }
+
+    /// Pruning after a snapshot at 300 (with one at 200 before it) drops the journal
+    /// before 200, except what the history store has yet to take.
+    #[test]
+    fn prune_keeps_the_journal_the_history_store_still_needs() {
+        use crate::embedded::files::{list_segments, segment_path, snapshot_path};
+        let segments = |floor: Option<u64>| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            for first in [1, 101, 201, 301] {
+                fs::write(segment_path(dir.path(), first), b"").expect("segment");
+            }
+            for seq in [200, 300] {
+                fs::write(snapshot_path(dir.path(), seq), b"").expect("snapshot");
+            }
+            prune(dir.path(), 300, floor).expect("prune");
+            let left = list_segments(dir.path()).expect("list");
+            left.into_iter().map(|(first, _)| first).collect::<Vec<_>>()
+        };
+        assert_eq!(segments(None), [201, 301]);
+        // The history store holds up to 150: the segment from 101 on still has its records.
+        assert_eq!(segments(Some(150)), [101, 201, 301]);
+        assert_eq!(segments(Some(0)), [1, 101, 201, 301]);
+        assert_eq!(segments(Some(250)), [201, 301]);
+    }
 }

@@ -1,4 +1,5 @@
 //! The store's integration tests, in one binary.
 
 mod compat;
+mod history;
 mod recovery;

@@ -1,0 +1,216 @@
+//! The history store (DESIGN §3a): an audit entry is written with its operation's journal
+//! record, read back from the history store on disk, caught up from the journal when the
+//! history store is behind it at start, and deleted by retention.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ledger::{
+    Actor, AuditEntry, AuditFilter, AuditQuery, AuditSort, CreateTenant, NewTenant, TenantWritten,
+    Window, ADMIN_TENANT, UNAUTH_TENANT,
+};
+use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore, OpenReport};
+use store::history::Retention;
+use store::{AuditFn, Load, ManualClock, Store};
+use tempfile::TempDir;
+
+const T0: i64 = 1_800_000_000_000;
+const DAY_MS: i64 = 86_400_000;
+
+fn open(
+    dir: &Path,
+    durability: Durability,
+    clock: &Arc<ManualClock>,
+    retention: Retention,
+) -> (EmbeddedStore, OpenReport) {
+    let mut config = EmbeddedConfig::new(dir, durability, clock.clone());
+    config.retention = retention;
+    EmbeddedStore::open(config).expect("open store")
+}
+
+fn create(id: &str, name: &str) -> CreateTenant {
+    CreateTenant {
+        actor: Actor::Admin,
+        tenant: NewTenant {
+            tenant_id: id.into(),
+            name: name.into(),
+            parent_tenant_id: None,
+            default_commit_overage_policy: None,
+            default_reservation_ttl_ms: None,
+            max_reservation_ttl_ms: None,
+            max_reservation_extensions: None,
+            reservation_expiry_policy: None,
+            metadata: Default::default(),
+        },
+    }
+}
+
+/// An entry named `log_id` for `tenant`, with the status the operation's result gives.
+fn audit(log_id: &'static str, tenant: &'static str) -> AuditFn<TenantWritten> {
+    Box::new(move |facts| AuditEntry {
+        log_id: log_id.into(),
+        timestamp_ms: facts.now,
+        tenant_id: tenant.into(),
+        key_id: None,
+        user_agent: None,
+        source_ip: None,
+        operation: "createTenant".into(),
+        resource_type: Some("tenant".into()),
+        resource_id: None,
+        request_id: None,
+        trace_id: None,
+        status: if facts.result.is_ok() { 201 } else { 409 },
+        error_code: facts
+            .result
+            .as_ref()
+            .err()
+            .map(|_| "DUPLICATE_RESOURCE".into()),
+        metadata: None,
+    })
+}
+
+/// Every entry, newest first: `(log_id, status)`.
+async fn entries(store: &EmbeddedStore) -> Vec<(String, u16)> {
+    let query = AuditQuery {
+        filter: AuditFilter::default(),
+        sort: AuditSort::Timestamp,
+        window: Window {
+            descending: true,
+            after: None,
+            limit: 100,
+        },
+    };
+    let page = store.audit_page(query).await.expect("audit page");
+    page.entries
+        .into_iter()
+        .map(|e| (e.log_id, e.status))
+        .collect()
+}
+
+fn ids(list: &[(String, u16)]) -> Vec<&str> {
+    list.iter().map(|(id, _)| id.as_str()).collect()
+}
+
+#[tokio::test]
+async fn an_entry_is_written_with_its_change_and_read_back() {
+    for durability in [Durability::Strict, Durability::None] {
+        let dir = TempDir::new().unwrap();
+        let clock = Arc::new(ManualClock::new(T0));
+        let (store, _) = open(dir.path(), durability, &clock, Retention::default());
+        let done = store
+            .execute_audited(
+                create("acme", "Acme"),
+                Load::Busy,
+                audit("log_1", ADMIN_TENANT),
+            )
+            .await
+            .unwrap();
+        assert!(done.result.is_ok());
+        // A refusal changes nothing and still leaves its entry.
+        let refused = store
+            .execute_audited(
+                create("acme", "Other"),
+                Load::Busy,
+                audit("log_2", ADMIN_TENANT),
+            )
+            .await
+            .unwrap();
+        assert!(refused.result.is_err(), "{durability:?}");
+        // Read your writes: both acknowledged, both there.
+        assert_eq!(
+            entries(&store).await,
+            [("log_2".into(), 409), ("log_1".into(), 201)],
+            "{durability:?}"
+        );
+        store.shutdown().await;
+        drop(store);
+        if durability == Durability::Strict {
+            let (store, _) = open(dir.path(), durability, &clock, Retention::default());
+            assert_eq!(ids(&entries(&store).await), ["log_2", "log_1"]);
+        }
+    }
+}
+
+/// A history store that lost its last writes (a crash between the journal's sync and the
+/// projection) is caught up from the journal at start, each entry once.
+#[tokio::test]
+async fn a_history_behind_the_journal_catches_up_at_start() {
+    let dir = TempDir::new().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let (store, _) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    for (i, (id, log)) in [("a", "log_a"), ("b", "log_b"), ("c", "log_c")]
+        .into_iter()
+        .enumerate()
+    {
+        clock.advance(1);
+        let r = store
+            .execute_audited(create(id, id), Load::Busy, audit(log, ADMIN_TENANT))
+            .await
+            .unwrap();
+        assert!(r.result.is_ok(), "{i}");
+    }
+    drop(store);
+    // As if the projection of the last two records had never been written.
+    let db = rusqlite::Connection::open(dir.path().join("history.sqlite")).unwrap();
+    db.execute("DELETE FROM audit WHERE log_id IN ('log_b', 'log_c')", [])
+        .unwrap();
+    db.execute("UPDATE meta SET value = 1 WHERE name = 'held_seq'", [])
+        .unwrap();
+    drop(db);
+    let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    assert_eq!(report.audit_reprojected, 2);
+    assert_eq!(ids(&entries(&store).await), ["log_c", "log_b", "log_a"]);
+    drop(store);
+    // Caught up: the next start takes nothing again.
+    let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    assert_eq!(report.audit_reprojected, 0);
+    assert_eq!(entries(&store).await.len(), 3);
+}
+
+/// Entries past their tier's retention go; the rest stay; 0 days keeps everything.
+#[tokio::test]
+async fn retention_deletes_entries_past_their_tier() {
+    let dir = TempDir::new().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let retention = Retention {
+        authenticated_days: 400,
+        unauthenticated_days: 30,
+    };
+    let (store, _) = open(dir.path(), Durability::Strict, &clock, retention);
+    let write = |id: &'static str, log: &'static str, tenant: &'static str| {
+        store.execute_audited(create(id, id), Load::Busy, audit(log, tenant))
+    };
+    write("a", "old", "a").await.unwrap();
+    write("b", "old_unauth", UNAUTH_TENANT).await.unwrap();
+    clock.advance(31 * DAY_MS);
+    write("c", "newer", "c").await.unwrap();
+    store.expire_history().await;
+    assert_eq!(ids(&entries(&store).await), ["newer", "old"]);
+    clock.advance(370 * DAY_MS);
+    store.expire_history().await;
+    assert_eq!(ids(&entries(&store).await), ["newer"]);
+    store.shutdown().await;
+    drop(store);
+
+    let forever = Retention {
+        authenticated_days: 0,
+        unauthenticated_days: 0,
+    };
+    let (store, _) = open(dir.path(), Durability::Strict, &clock, forever);
+    write_after(&store, &clock).await;
+    clock.advance(10_000 * DAY_MS);
+    store.expire_history().await;
+    assert_eq!(ids(&entries(&store).await), ["unauth_forever", "newer"]);
+}
+
+async fn write_after(store: &EmbeddedStore, clock: &ManualClock) {
+    clock.advance(1);
+    store
+        .execute_audited(
+            create("d", "d"),
+            Load::Busy,
+            audit("unauth_forever", UNAUTH_TENANT),
+        )
+        .await
+        .unwrap();
+}
