@@ -1,5 +1,6 @@
 //! The `cycles` binary's integration tests, in one binary.
 
 mod admin_cli;
+mod audit_crash;
 mod crash;
 mod process;
