@@ -34,6 +34,49 @@ enum What {
     Budget(BudgetCmd),
     /// Counts of tenants and budgets by state, and the largest debts.
     Overview,
+    /// The audit log: every admin write and every refused attempt, newest first.
+    Audit(AuditArgs),
+}
+
+/// The audit log's filters (each AND-ed with the others).
+#[derive(Args)]
+struct AuditArgs {
+    /// A tenant id, or __admin__ / __unauth__.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Entries made with this API key.
+    #[arg(long)]
+    key_id: Option<String>,
+    /// An operation id, e.g. createBudget (repeatable: any of them).
+    #[arg(long = "operation")]
+    operations: Vec<String>,
+    /// tenant, budget, api_key, policy or reservation (repeatable: any of them).
+    #[arg(long = "resource-type")]
+    resource_types: Vec<String>,
+    /// A tenant id, key id, budget scope, policy id or reservation id.
+    #[arg(long)]
+    resource_id: Option<String>,
+    /// An error code, e.g. BUDGET_FROZEN (repeatable: any of them).
+    #[arg(long = "error-code")]
+    error_codes: Vec<String>,
+    /// Only refused requests (status 400 and above).
+    #[arg(long, conflicts_with = "status")]
+    errors: bool,
+    /// An exact HTTP status.
+    #[arg(long)]
+    status: Option<u16>,
+    /// From this time on (RFC 3339).
+    #[arg(long)]
+    from: Option<String>,
+    /// Up to this time (RFC 3339).
+    #[arg(long)]
+    to: Option<String>,
+    #[arg(long)]
+    request_id: Option<String>,
+    #[arg(long)]
+    trace_id: Option<String>,
+    #[command(flatten)]
+    list: ListArgs,
 }
 
 /// The filters and order every list takes, passed to the server as query parameters.
@@ -213,6 +256,17 @@ const KEY_COLUMNS: &[Column] = &[
     ("EXPIRES", "/expires_at"),
 ];
 
+const AUDIT_COLUMNS: &[Column] = &[
+    ("TIME", "/timestamp"),
+    ("TENANT", "/tenant_id"),
+    ("OPERATION", "/operation"),
+    ("RESOURCE", "/resource_id"),
+    ("STATUS", "/status"),
+    ("ERROR", "/error_code"),
+    ("KEY", "/key_id"),
+    ("REQUEST", "/request_id"),
+];
+
 const BUDGET_COLUMNS: &[Column] = &[
     ("SCOPE", "/scope"),
     ("UNIT", "/unit"),
@@ -328,6 +382,25 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
             client.call(Method::PATCH, &path, Some(&request))?
         }
         What::Overview => client.call(Method::GET, "/v1/admin/overview", NO_BODY)?,
+        What::Audit(a) => {
+            let list = |values: Vec<String>| (!values.is_empty()).then(|| values.join(","));
+            let query = params(&[
+                ("tenant_id", a.tenant),
+                ("key_id", a.key_id),
+                ("operation", list(a.operations)),
+                ("resource_type", list(a.resource_types)),
+                ("resource_id", a.resource_id),
+                ("error_code", list(a.error_codes)),
+                ("status", a.status.map(|s| s.to_string())),
+                ("status_min", a.errors.then(|| "400".to_string())),
+                ("from", a.from),
+                ("to", a.to),
+                ("request_id", a.request_id),
+                ("trace_id", a.trace_id),
+            ]);
+            let rows = list_all(&client, "/v1/admin/audit/logs", query, "logs", &a.list)?;
+            return table::print(&rows, AUDIT_COLUMNS, a.list.json);
+        }
         What::Tenant(TenantCmd::Create { id, name }) => client.call(
             Method::POST,
             "/v1/admin/tenants",

@@ -121,5 +121,45 @@ async fn admin_lists_update_and_overview() {
     let overview = admin(&server, &["overview"]);
     assert_eq!(overview["tenant_counts"]["total"], 120);
     assert_eq!(overview["budget_counts"]["total"], 2);
+
+    // The audit log: 120 creates, the key's creation and update, two budgets.
+    let creates = admin(&server, &["audit", "--operation", "createTenant"]);
+    assert_eq!(column(&creates, "operation").len(), 120, "pages followed");
+    let on_team = admin(
+        &server,
+        &[
+            "audit",
+            "--tenant",
+            "team-001",
+            "--asc",
+            "--sort-by",
+            "timestamp",
+        ],
+    );
+    assert_eq!(
+        column(&on_team, "operation"),
+        [
+            "createTenant",
+            "createApiKey",
+            "updateApiKey",
+            "createBudget"
+        ]
+    );
+    let budgets = admin(
+        &server,
+        &[
+            "audit",
+            "--resource-type",
+            "budget",
+            "--resource-id",
+            "tenant:team-002",
+        ],
+    );
+    assert_eq!(column(&budgets, "operation"), ["createBudget"]);
+    assert_eq!(budgets[0]["status"], 201);
+    assert_eq!(
+        admin(&server, &["audit", "--errors"]),
+        serde_json::json!([])
+    );
     server.terminate().await;
 }
