@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 use protocol::api_key::{ApiKeyCreateRequest, ApiKeyCreateResponse};
-use protocol::budget::{BudgetCreateRequest, BudgetLedger};
+use protocol::budget::{BudgetCreateRequest, BudgetFundingRequest, BudgetLedger};
 use protocol::runtime::{
     CommitRequest, DecisionRequest, EventCreateRequest, ReleaseRequest, ReservationCreateRequest,
     ReservationExtendRequest,
@@ -348,6 +348,29 @@ impl Admin {
         let reply = self.conn.get(&path).await?.expect(200)?;
         let budget: BudgetLedger = serde_json::from_slice(&reply.body)?;
         Ok(budget.reserved.amount)
+    }
+
+    /// The path and body of a CREDIT of 1 token to `tenant`'s root budget: an operator's
+    /// top-up, each one an audited write (the audit fixtures are made of them).
+    pub fn credit(tenant: &str) -> anyhow::Result<(String, String)> {
+        let path = format!(
+            "/v1/admin/budgets/fund?scope=tenant%3A{tenant}&unit={}&tenant_id={tenant}",
+            UNIT.as_str()
+        );
+        let body = BudgetFundingRequest {
+            operation: "CREDIT".into(),
+            amount: tokens(1),
+            spent: None,
+            reason: None,
+            idempotency_key: None,
+            metadata: None,
+        };
+        Ok((path, serde_json::to_string(&body)?))
+    }
+
+    /// A POST that must answer 200.
+    pub async fn post_ok(&mut self, path: &str, body: String) -> anyhow::Result<()> {
+        self.conn.post(path, body).await?.expect(200).map(drop)
     }
 
     /// A GET that must answer 200 (the governance list cells).

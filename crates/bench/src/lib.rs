@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// 1000,10000 with --quick].
     #[arg(long, value_delimiter = ',')]
     pub list_rows: Option<Vec<u64>>,
+    /// Sizes of the audit log the audit cells run at, grown in turn by audited writes
+    /// [default: 1000,1000000, or 1000,10000 with --quick].
+    #[arg(long, value_delimiter = ',')]
+    pub audit_entries: Option<Vec<u64>>,
     /// Concurrent clients that build the list fixtures through the API.
     #[arg(long, default_value_t = 64)]
     pub fixture_clients: usize,
@@ -115,6 +119,8 @@ pub enum Phase {
     Fanout,
     /// The sorted lists above 10k rows (100k, 1M).
     LargeLists,
+    /// Audit log queries as the log grows (1k, then 1M entries), and the memory it costs.
+    Audit,
 }
 
 impl Phase {
@@ -125,6 +131,7 @@ impl Phase {
             Phase::Lifecycles => "lifecycles",
             Phase::Fanout => "fanout",
             Phase::LargeLists => "large-lists",
+            Phase::Audit => "audit",
         }
     }
 }
@@ -194,6 +201,13 @@ fn config(args: &RunArgs) -> anyhow::Result<suite::Config> {
             concurrency_clients: args.concurrency_clients.clone(),
             fanout_clients: args.fanout_clients.clone(),
             list_rows,
+            audit_entries: args.audit_entries.clone().unwrap_or_else(|| {
+                if quick {
+                    vec![1_000, 10_000]
+                } else {
+                    vec![1_000, 1_000_000]
+                }
+            }),
             fixture_clients: args.fixture_clients,
             client_threads: args.client_threads.max(1),
             phases: if args.only.is_empty() {
@@ -203,6 +217,7 @@ fn config(args: &RunArgs) -> anyhow::Result<suite::Config> {
                     Phase::Lifecycles,
                     Phase::Fanout,
                     Phase::LargeLists,
+                    Phase::Audit,
                 ]
                 .iter()
                 .map(|p| p.name().to_string())

@@ -184,6 +184,9 @@ pub struct Method {
     pub concurrency_clients: Vec<usize>,
     pub fanout_clients: Vec<usize>,
     pub list_rows: Vec<u64>,
+    /// The audit log sizes of the audit cells.
+    #[serde(default)]
+    pub audit_entries: Vec<u64>,
     pub fixture_clients: usize,
     pub client_threads: usize,
     pub quick: bool,
@@ -195,11 +198,18 @@ pub struct Method {
 /// A list-cell population, built through the API and timed apart from the measurement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Fixture {
+    /// What was built: `list` (ACTIVE reservations) or `audit` (audit entries).
+    #[serde(default = "list_fixture")]
+    pub kind: String,
     pub rows: u64,
     pub clients: usize,
     pub seconds: f64,
     pub rows_per_sec: f64,
     pub errors: u64,
+}
+
+fn list_fixture() -> String {
+    "list".into()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -216,7 +226,22 @@ pub struct Resources {
     /// fdatasyncs, journal bytes, snapshots, allocations), from `/metrics`.
     #[serde(default)]
     pub server_counters: std::collections::BTreeMap<String, f64>,
+    /// The server's RSS (`VmRSS`, settled) before the audit fixtures and after the largest,
+    /// with the audit log's size then.
+    #[serde(default)]
+    pub audit_rss_before_bytes: Option<u64>,
+    #[serde(default)]
+    pub audit_rss_after_bytes: Option<u64>,
+    #[serde(default)]
+    pub audit_entries_after: Option<u64>,
 }
+
+/// The audit cells, each run at every audit log size (`<cell> @1k`, `<cell> @1M`).
+pub const AUDIT_CELLS: [&str; 3] = [
+    "AUDIT newest page",
+    "AUDIT one tenant's top-ups",
+    "AUDIT refusals",
+];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetCheck {
@@ -331,6 +356,31 @@ impl Report {
                 });
             }
         }
+        for cell in AUDIT_CELLS {
+            if let (Some(big), Some(small)) =
+                (p50(&format!("{cell} @1M")), p50(&format!("{cell} @1k")))
+            {
+                out.push(ratio_target(
+                    &format!("{cell} p50 @1M ≤ 1.2 × @1k"),
+                    big,
+                    small,
+                    1.2,
+                ));
+            }
+        }
+        let res = &self.resources;
+        if let (Some(before), Some(after), Some(entries)) = (
+            res.audit_rss_before_bytes,
+            res.audit_rss_after_bytes,
+            res.audit_entries_after.filter(|n| *n >= 1_000_000),
+        ) {
+            let grown = after as f64 - before as f64;
+            out.push(TargetCheck {
+                target: "RSS after 1M audit entries ≤ RSS before + 50 MiB".into(),
+                measured: format!("{:+.1} MiB ({} entries)", grown / (1 << 20) as f64, entries),
+                met: grown <= (50 << 20) as f64,
+            });
+        }
         if let (Some(big), Some(small)) = (p50("LIST sorted @1M"), p50("LIST sorted @1k")) {
             out.push(ratio_target(
                 "LIST sorted p50 @1M ≤ 1.2 × @1k",
@@ -425,6 +475,7 @@ pub(crate) mod tests {
                 concurrency_clients: vec![32],
                 fanout_clients: vec![200],
                 list_rows: vec![],
+                audit_entries: vec![],
                 fixture_clients: 64,
                 client_threads: 1,
                 quick: false,

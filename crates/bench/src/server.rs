@@ -17,6 +17,7 @@ pub const SYNCS: &str = "cycles_journal_syncs_total";
 pub const BATCHES: &str = "cycles_store_batches_total";
 pub const COMMANDS: &str = "cycles_store_commands_total";
 pub const PEAK_RSS: &str = "process_peak_resident_memory_bytes";
+pub const AUDIT_ENTRIES: &str = "cycles_audit_entries";
 
 /// Counters whose growth over the whole run the report records (embedded engine).
 pub const RUN_COUNTERS: [&str; 7] = [
@@ -160,6 +161,14 @@ impl CpuClock {
             self.ticks.saturating_sub(earlier.ticks) as f64 * 1e6 / TICKS_PER_SECOND
         }
     }
+}
+
+/// Resident memory now (`VmRSS`) of a local process, in bytes.
+pub fn rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Peak resident memory (`VmHWM`) of a local process, in bytes.

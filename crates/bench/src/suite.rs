@@ -1,6 +1,7 @@
-//! The suite: provisioning through the admin API, then per trial the floors, the write and
-//! read paths, the lifecycle cells and the fan-out cells; the 100k/1M list cells after all
-//! trials (their fixtures are built once, timed apart).
+//! The suite: provisioning through the admin API; the audit cells, at each size of the audit
+//! log in turn; then per trial the floors, the write and read paths, the lifecycle cells and
+//! the fan-out cells; the 100k/1M list cells after all trials (their fixtures, like the audit
+//! log's, are built once through the API and timed apart).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,8 +18,8 @@ use crate::http::{Conn, Target};
 use crate::measure::{self, LoadOp, Timed};
 use crate::progress::{Phase, Progress};
 use crate::report::{
-    CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo, FSYNC_FLOOR,
-    HTTP_FLOOR, REDIS_FLOOR, SCHEMA,
+    CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo, AUDIT_CELLS,
+    FSYNC_FLOOR, HTTP_FLOOR, REDIS_FLOOR, SCHEMA,
 };
 use crate::server::{self, Counters, CpuClock, PerOp};
 use crate::stats::Sample;
@@ -64,6 +65,15 @@ pub struct Suite {
     fixtures: Vec<Fixture>,
     lists: Vec<(u64, Tenant)>,
     notes: Vec<String>,
+    audit: AuditMemory,
+}
+
+/// The server's memory around the audit fixtures.
+#[derive(Default)]
+struct AuditMemory {
+    rss_before: Option<u64>,
+    rss_after: Option<u64>,
+    entries_after: Option<u64>,
 }
 
 fn rows_label(rows: u64) -> String {
@@ -108,6 +118,7 @@ impl Suite {
             fixtures: Vec::new(),
             lists: Vec::new(),
             notes: Vec::new(),
+            audit: AuditMemory::default(),
         })
     }
 
@@ -126,6 +137,11 @@ impl Suite {
         }
         let load_start = crate::envinfo::load_average();
         let counters_start = metrics;
+        // First, while the audit log is only the provisioning's few entries: its smallest
+        // size must be the size its cells are labelled with.
+        if self.runs("audit") {
+            self.audit().await?;
+        }
         for trial in 1..=trials {
             self.progress.note(&format!("trial {trial}/{trials}"));
             self.floors(trial).await?;
@@ -162,6 +178,7 @@ impl Suite {
         } else {
             self.peak_rss().await.0
         };
+
         let counters_end = self.admin.metrics().await.ok().flatten();
         let server_counters =
             server::run_deltas(counters_start.as_deref(), counters_end.as_deref());
@@ -190,6 +207,9 @@ impl Suite {
                 peak_rss_source,
                 peak_rss_after_large_fixtures_bytes: after_large,
                 server_counters,
+                audit_rss_before_bytes: self.audit.rss_before,
+                audit_rss_after_bytes: self.audit.rss_after,
+                audit_entries_after: self.audit.entries_after,
                 ..Resources::default()
             },
             targets: Vec::new(),
@@ -501,6 +521,7 @@ impl Suite {
         let seconds = phase.finish().as_secs_f64();
         let built = started.elapsed().as_secs_f64().max(seconds);
         let fixture = Fixture {
+            kind: "list".into(),
             rows,
             clients,
             seconds: built,
@@ -535,6 +556,113 @@ impl Suite {
         .rows(rows);
         self.case(meta, &mut async |_| rt.list(SORTED_QUERY, Some(20)).await)
             .await;
+        Ok(())
+    }
+
+    // ---- the audit log ----
+
+    /// The audit cells at each audit log size in turn (the log only grows), and the
+    /// server's settled RSS before the first fixture and after the last. Runs before the
+    /// trials, so the smallest size is not already passed by the suite's own writes.
+    async fn audit(&mut self) -> anyhow::Result<()> {
+        self.calibrate().await;
+        let tenant = self.funded_tenant("audit", ALLOCATED).await?;
+        // A second tenant with one refused write, so the refusals page is not empty.
+        let (path, body) = Admin::credit("no-such-tenant")?;
+        let _ = self.admin.post_ok(&path, body).await;
+        server::settle(self.cfg.server_pid, Duration::from_secs(120)).await;
+        self.audit.rss_before = self.cfg.server_pid.and_then(server::rss);
+        let mut sizes = self.cfg.method.audit_entries.clone();
+        sizes.sort_unstable();
+        let trials = self.cfg.method.trials;
+        for size in sizes {
+            self.grow_audit_log(&tenant, size).await?;
+            let label = rows_label(size);
+            let pages = [
+                "/v1/admin/audit/logs?limit=50".to_string(),
+                format!(
+                    "/v1/admin/audit/logs?tenant_id={}&operation=fundBudget&limit=50",
+                    tenant.id
+                ),
+                "/v1/admin/audit/logs?status_min=400&limit=50".to_string(),
+            ];
+            let mut admin = Admin::new(&self.target, &self.cfg.admin_key);
+            for trial in 1..=trials {
+                self.progress
+                    .note(&format!("audit cells @{label}, trial {trial}/{trials}"));
+                for (cell, page) in AUDIT_CELLS.iter().zip(&pages) {
+                    let meta =
+                        CaseMeta::new(format!("{cell} @{label}"), Class::Read, 1, 0).rows(size);
+                    self.case(meta, &mut async |_| admin.get_ok(page).await)
+                        .await;
+                }
+            }
+        }
+        self.audit.rss_after = self.cfg.server_pid.and_then(server::rss);
+        self.audit.entries_after = self.audit_entries().await;
+        Ok(())
+    }
+
+    async fn audit_entries(&mut self) -> Option<u64> {
+        let text = self.admin.metrics().await.ok().flatten()?;
+        server::metric(&text, server::AUDIT_ENTRIES).map(|v| v as u64)
+    }
+
+    /// Grows the audit log to `size` entries with credits to `tenant`'s budget, from the
+    /// fixture clients (each an audited write through the API), timed as a fixture.
+    async fn grow_audit_log(&mut self, tenant: &Tenant, size: u64) -> anyhow::Result<()> {
+        let have = self
+            .audit_entries()
+            .await
+            .context("the server reports cycles_audit_entries on /metrics")?;
+        if have > size {
+            bail!("the audit log already holds {have} entries, more than the {size} asked for: run the audit cells on a fresh server");
+        }
+        let writes = size - have;
+        let clients = self.cfg.method.fixture_clients.max(1);
+        let label = rows_label(size);
+        let phase = self
+            .progress
+            .phase(&format!("fixture audit log of {label}"), writes);
+        let started = Instant::now();
+        let next = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let (path, body) = Admin::credit(&tenant.id)?;
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let mut admin = Admin::new(&self.target, &self.cfg.admin_key);
+            let (next, errors, phase) = (next.clone(), errors.clone(), phase.clone());
+            let (path, body) = (path.clone(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < writes {
+                    while let Err(e) = admin.post_ok(&path, body.clone()).await {
+                        if errors.fetch_add(1, Ordering::Relaxed) >= 100 {
+                            return Err(e.context("building the audit fixture"));
+                        }
+                    }
+                    phase.inc(1);
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+        phase.finish();
+        let built = started.elapsed().as_secs_f64();
+        self.fixtures.push(Fixture {
+            kind: "audit".into(),
+            rows: size,
+            clients,
+            seconds: built,
+            rows_per_sec: writes as f64 / built.max(1e-9),
+            errors: errors.load(Ordering::Relaxed),
+        });
+        let now = self.audit_entries().await.unwrap_or(0);
+        self.progress.note(&format!(
+            "audit log grown to {now} entries in {built:.1} s ({writes} writes)"
+        ));
+        server::settle(self.cfg.server_pid, Duration::from_secs(120)).await;
         Ok(())
     }
 

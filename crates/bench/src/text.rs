@@ -193,13 +193,13 @@ pub fn render(r: &Report) -> String {
     if !r.fixtures.is_empty() {
         let _ = writeln!(
             out,
-            "\nList fixtures (built through the API, not timed as a case):"
+            "\nFixtures (built through the API, not timed as a case):"
         );
         for f in &r.fixtures {
             let _ = writeln!(
                 out,
-                "  {:>9} rows: {:.1} s with {} clients ({:.0} rows/s, {} errors)",
-                f.rows, f.seconds, f.clients, f.rows_per_sec, f.errors
+                "  {:>5} {:>9} rows: {:.1} s with {} clients ({:.0} rows/s, {} errors)",
+                f.kind, f.rows, f.seconds, f.clients, f.rows_per_sec, f.errors
             );
         }
     }
@@ -211,6 +211,16 @@ pub fn render(r: &Report) -> String {
         res.peak_rss_source,
         bytes(res.peak_rss_after_large_fixtures_bytes)
     );
+    if res.audit_rss_before_bytes.is_some() || res.audit_entries_after.is_some() {
+        let _ = writeln!(
+            out,
+            "Server RSS before the audit fixtures {}, after them {} ({} audit entries)",
+            bytes(res.audit_rss_before_bytes),
+            bytes(res.audit_rss_after_bytes),
+            res.audit_entries_after
+                .map_or("n/a".to_string(), |n| n.to_string())
+        );
+    }
     let _ = writeln!(
         out,
         "Heap allocations per request: reserve {}, commit {}",

@@ -363,6 +363,18 @@ impl Store for EmbeddedStore {
                 reservations as u64,
             ),
             metric("cycles_budgets", "Budget ledgers.", false, budgets as u64),
+            metric(
+                "cycles_audit_entries",
+                "Audit entries in the history store (on disk, not in memory).",
+                false,
+                self.shared.projector.history().audit_count(),
+            ),
+            metric(
+                "cycles_history_batches_pending",
+                "Batches of history handed to the history store and not yet written.",
+                false,
+                self.shared.projector.progress().pending_batches(),
+            ),
         ]
     }
 

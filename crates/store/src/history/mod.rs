@@ -82,7 +82,7 @@ pub trait History: Send + Sync + 'static {
     ) -> io::Result<u64>;
 
     /// How many audit entries are held.
-    fn audit_count(&self) -> io::Result<u64>;
+    fn audit_count(&self) -> u64;
 }
 
 /// What is handed to the projector, in journal order.
@@ -106,8 +106,13 @@ impl Progress {
     /// Whether entries handed over are not yet written. While they are, the journal records
     /// after the store's held sequence number must stay on disk.
     pub fn pending(&self) -> bool {
+        self.pending_batches() > 0
+    }
+
+    /// Batches handed over and not yet written.
+    pub fn pending_batches(&self) -> u64 {
         let written = *self.written.lock().unwrap_or_else(|e| e.into_inner());
-        self.sent.load(Ordering::Acquire) != written
+        self.sent.load(Ordering::Acquire).saturating_sub(written)
     }
 
     /// Waits (at most `timeout`) until every batch handed over so far is written: a read

@@ -7,6 +7,7 @@
 //! disk when `append` returns, which is what lets the journal be pruned behind it. Its page
 //! cache is bounded, so memory does not grow with the history.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +27,12 @@ pub const FILE_NAME: &str = "history.sqlite";
 const CACHE_KIB: i64 = 8 * 1024;
 /// Rows deleted per transaction by retention, so the writer never holds the file for long.
 const EXPIRY_CHUNK: i64 = 10_000;
+/// A status filter matching at most this many entries is walked through the status index
+/// (its matches sorted by time: a bounded sort); one matching more walks the time index,
+/// where matches are then dense enough to fill a page quickly. SQLite cannot tell the two
+/// apart by itself (it has no statistics on ranges), and picks the time index for both, so
+/// that "the refusals" of a large log scanned all of it.
+const SPARSE_STATUS_ROWS: u64 = 20_000;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -52,6 +59,7 @@ CREATE INDEX IF NOT EXISTS audit_key ON audit (key_id, ts);
 CREATE INDEX IF NOT EXISTS audit_operation ON audit (operation, ts);
 CREATE INDEX IF NOT EXISTS audit_resource_type ON audit (resource_type, ts);
 CREATE INDEX IF NOT EXISTS audit_status ON audit (status, ts);
+CREATE INDEX IF NOT EXISTS audit_error ON audit (error_code, ts);
 CREATE INDEX IF NOT EXISTS audit_resource ON audit (resource_id);
 CREATE INDEX IF NOT EXISTS audit_request ON audit (request_id);
 CREATE INDEX IF NOT EXISTS audit_trace ON audit (trace_id);
@@ -65,6 +73,11 @@ pub struct SqliteHistory {
     reader: Mutex<Connection>,
     /// The held sequence number, as last written (read without touching the file).
     held: AtomicU64,
+    /// Audit entries held: counted once at open, then kept by appends and retention.
+    entries: AtomicU64,
+    /// Entries by status, kept the same way: what a status filter matches, to pick its
+    /// index by.
+    statuses: Mutex<BTreeMap<u16, u64>>,
 }
 
 fn sql_error(e: rusqlite::Error) -> io::Error {
@@ -119,10 +132,26 @@ impl SqliteHistory {
             .optional()
             .map_err(sql_error)?
             .unwrap_or(0);
+        let mut statuses = BTreeMap::new();
+        {
+            let mut by_status = writer
+                .prepare("SELECT status, count(*) FROM audit GROUP BY status")
+                .map_err(sql_error)?;
+            let rows = by_status
+                .query_map([], |r| Ok((r.get::<_, u16>(0)?, r.get::<_, i64>(1)?)))
+                .map_err(sql_error)?;
+            for row in rows {
+                let (status, n) = row.map_err(sql_error)?;
+                statuses.insert(status, n as u64);
+            }
+        }
+        let entries: u64 = statuses.values().sum();
         Ok(SqliteHistory {
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),
             held: AtomicU64::new(held as u64),
+            entries: AtomicU64::new(entries),
+            statuses: Mutex::new(statuses),
         })
     }
 }
@@ -169,6 +198,12 @@ impl History for SqliteHistory {
         }
         tx.commit().map_err(sql_error)?;
         self.held.store(upto, Ordering::Release);
+        self.entries
+            .fetch_add(entries.len() as u64, Ordering::AcqRel);
+        let mut statuses = self.statuses.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, e) in entries {
+            *statuses.entry(e.status).or_default() += 1;
+        }
         Ok(())
     }
 
@@ -177,7 +212,10 @@ impl History for SqliteHistory {
     }
 
     fn audit_page(&self, query: &AuditQuery) -> io::Result<AuditPage> {
-        let (sql, values) = page_sql(query);
+        let sparse_status = self
+            .status_matches(query.filter.status)
+            .is_some_and(|n| n <= SPARSE_STATUS_ROWS);
+        let (sql, values) = page_sql(query, sparse_status);
         let reader = lock(&self.reader);
         let mut statement = reader.prepare_cached(&sql).map_err(sql_error)?;
         let rows = statement
@@ -207,12 +245,19 @@ impl History for SqliteHistory {
     ) -> io::Result<u64> {
         let writer = lock(&self.writer);
         let mut deleted = 0;
+        let mut gone: BTreeMap<u16, u64> = BTreeMap::new();
         let mut run = |sql: &str, cutoff: Millis| -> io::Result<()> {
             loop {
-                let n = writer
-                    .execute(sql, params![cutoff, EXPIRY_CHUNK])
+                let mut statement = writer.prepare_cached(sql).map_err(sql_error)?;
+                let rows = statement
+                    .query_map(params![cutoff, EXPIRY_CHUNK], |r| r.get::<_, u16>(0))
                     .map_err(sql_error)?;
-                deleted += n as u64;
+                let mut n = 0;
+                for status in rows {
+                    *gone.entry(status.map_err(sql_error)?).or_default() += 1;
+                    n += 1;
+                }
+                deleted += n;
                 if (n as i64) < EXPIRY_CHUNK {
                     return Ok(());
                 }
@@ -223,7 +268,7 @@ impl History for SqliteHistory {
             run(
                 &format!(
                     "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit \
-                     WHERE tenant_id = '{UNAUTH_TENANT}' AND ts < ?1 LIMIT ?2)"
+                     WHERE tenant_id = '{UNAUTH_TENANT}' AND ts < ?1 LIMIT ?2) RETURNING status"
                 ),
                 cutoff,
             )?;
@@ -232,20 +277,36 @@ impl History for SqliteHistory {
             run(
                 &format!(
                     "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE ts < ?1 \
-                     AND tenant_id <> '{UNAUTH_TENANT}' LIMIT ?2)"
+                     AND tenant_id <> '{UNAUTH_TENANT}' LIMIT ?2) RETURNING status"
                 ),
                 cutoff,
             )?;
         }
+        self.entries.fetch_sub(deleted, Ordering::AcqRel);
+        let mut statuses = self.statuses.lock().unwrap_or_else(|e| e.into_inner());
+        for (status, n) in gone {
+            if let Some(count) = statuses.get_mut(&status) {
+                *count = count.saturating_sub(n);
+            }
+        }
         Ok(deleted)
     }
 
-    fn audit_count(&self) -> io::Result<u64> {
-        let reader = lock(&self.reader);
-        reader
-            .query_row("SELECT count(*) FROM audit", [], |r| r.get::<_, i64>(0))
-            .map(|n| n as u64)
-            .map_err(sql_error)
+    fn audit_count(&self) -> u64 {
+        self.entries.load(Ordering::Acquire)
+    }
+}
+
+impl SqliteHistory {
+    /// How many entries a status filter matches (`None`: there is no status filter).
+    fn status_matches(&self, filter: StatusFilter) -> Option<u64> {
+        let (min, max) = match filter {
+            StatusFilter::Any => return None,
+            StatusFilter::Exactly(s) => (s, s),
+            StatusFilter::Between(min, max) => (min.unwrap_or(0), max.unwrap_or(u16::MAX)),
+        };
+        let statuses = self.statuses.lock().unwrap_or_else(|e| e.into_inner());
+        Some(statuses.range(min..=max).map(|(_, n)| n).sum())
     }
 }
 
@@ -261,8 +322,9 @@ fn column(sort: AuditSort) -> &'static str {
 }
 
 /// The SQL of one page (one row more than the page, to know whether more follow) and its
-/// parameters.
-fn page_sql(query: &AuditQuery) -> (String, Vec<Value>) {
+/// parameters; with `sparse_status`, walked through the status index (see
+/// [`SPARSE_STATUS_ROWS`]).
+fn page_sql(query: &AuditQuery, sparse_status: bool) -> (String, Vec<Value>) {
     let f = &query.filter;
     let mut clauses: Vec<String> = Vec::new();
     let mut values: Vec<Value> = Vec::new();
@@ -357,7 +419,13 @@ fn page_sql(query: &AuditQuery) -> (String, Vec<Value>) {
     let limit = bind(&mut values, Value::Integer(query.window.limit as i64 + 1));
     (
         format!(
-            "SELECT {COLUMNS} FROM audit{filter} ORDER BY {col} {dir}, seq {dir} LIMIT {limit}"
+            "SELECT {COLUMNS} FROM audit{index}{filter} ORDER BY {col} {dir}, seq {dir} \
+             LIMIT {limit}",
+            index = if sparse_status {
+                " INDEXED BY audit_status"
+            } else {
+                ""
+            }
         ),
         values,
     )
