@@ -6,7 +6,10 @@
 // operator action of the Overview, Tenants, API keys, Budgets and Reservations pages the way
 // an operator does: filters, column sorts, row actions, row-select and by-filter bulk actions,
 // the budget detail's fund, edit, freeze and unfreeze. After each action it asserts what the
-// page shows and reads the server's state back through the API. Every response of 400 or more
+// page shows and reads the server's state back through the API. Last, the Audit page: every
+// write the test made, through the page or the API, must have exactly one entry there (and
+// nothing else one), and the page's filters, sort, paging, row detail and the Activity
+// drill-downs of the other pages must show what the server lists. Every response of 400 or more
 // that the test did not provoke, every failed request and every console error fails the run,
 // except the calls in KNOWN_GAPS: endpoints the dashboard uses that the server does not
 // implement yet. One screenshot per step.
@@ -38,8 +41,6 @@ const LOCALE = 'en-US';
 // `when`, if given, narrows an entry to the queries it names. Remove an entry when the server
 // catches up.
 const KNOWN_GAPS = [
-  // Overview's "recent operator activity" card and the Audit page.
-  { method: 'GET', path: '/v1/admin/audit/logs', why: 'the audit log is not built' },
   // Overview's failing-webhooks card, the Webhooks pages, and the tenant page, which loads
   // the tenant's webhooks with everything else and shows "Tenant not found" when that fails.
   { method: 'GET', path: '/v1/admin/webhooks', why: 'webhooks are not built' },
@@ -85,8 +86,23 @@ function knownGap(method, url) {
 // The API, for seeding and for checking what the UI did
 // ---------------------------------------------------------------------------------------
 
-async function api(method, path, { body, key } = {}) {
-  const headers = key ? { 'X-Cycles-API-Key': key } : { 'X-Admin-API-Key': ADMIN_KEY };
+// Every audited request the test made (a write on the admin plane, or one made with the admin
+// key), through the page or the API, as { via, method, path, status, request_id } of its
+// answer: the audit log must hold exactly one entry for each, and none for anything else.
+const writes = [];
+
+function audited(method, path, adminKey) {
+  return method !== 'GET' && (path.startsWith('/v1/admin/') || path === '/v1/auth/validate' ||
+    (adminKey && path.startsWith('/v1/')));
+}
+
+/**
+ * One request with the admin key, the tenant key `key`, or `adminKey` presented as the admin
+ * key; answers { status, json, text, requestId, traceId }, whatever the status.
+ */
+async function send(method, path, { body, key, adminKey } = {}) {
+  const headers = key ? { 'X-Cycles-API-Key': key }
+    : { 'X-Admin-API-Key': adminKey ?? ADMIN_KEY };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   const response = await fetch(BASE + path, {
     method,
@@ -100,10 +116,29 @@ async function api(method, path, { body, key } = {}) {
   } catch {
     // Left null: the caller's status check reports the body.
   }
-  if (!response.ok) {
-    throw new Error(`${method} ${path} answered ${response.status}: ${text}`);
+  const requestId = response.headers.get('x-request-id');
+  const traceId = response.headers.get('x-cycles-trace-id');
+  const { pathname } = new URL(BASE + path);
+  if (audited(method, pathname, !key)) {
+    writes.push({ via: 'api', method, path: pathname, status: response.status,
+      request_id: requestId });
   }
+  return { status: response.status, json, text, requestId, traceId };
+}
+
+async function api(method, path, options = {}) {
+  const { status, json, text } = await send(method, path, options);
+  if (status >= 400) throw new Error(`${method} ${path} answered ${status}: ${text}`);
   return json;
+}
+
+/** A request the server must refuse with `status`; answers what `send` does. */
+async function refused(method, path, status, options = {}) {
+  const answer = await send(method, path, options);
+  if (answer.status !== status) {
+    throw new Error(`${method} ${path} answered ${answer.status}, not ${status}: ${answer.text}`);
+  }
+  return answer;
 }
 
 function query(params) {
@@ -239,7 +274,7 @@ async function seed() {
   await api('PATCH', '/v1/admin/tenants/initech', { body: { status: 'SUSPENDED' } });
   // Closing a tenant closes its budgets.
   await api('PATCH', '/v1/admin/tenants/hooli', { body: { status: 'CLOSED' } });
-  return { reservations };
+  return { reservations, acmeKey };
 }
 
 // ---------------------------------------------------------------------------------------
@@ -261,10 +296,15 @@ function expectFailure(method, path, status) {
 function watch(page) {
   page.on('response', (response) => {
     const status = response.status();
-    if (status < 400) return;
     const method = response.request().method();
     const url = new URL(response.url());
     const path = url.pathname;
+    // The page sends the admin key on every call.
+    if (url.origin === BASE && audited(method, path, true)) {
+      writes.push({ via: 'page', method, path, status,
+        request_id: response.headers()['x-request-id'] ?? null });
+    }
+    if (status < 400) return;
     const at = provoked.findIndex(
       (p) => p.method === method && p.path === path && p.status === status,
     );
@@ -488,8 +528,34 @@ async function overview() {
     await until('budgets at or near cap', async () =>
       (await atCap.getByRole('link', { name: B.initechUsd.scope, exact: true }).count()), 2);
     await sees('acme-temp', page.getByTestId('expiring-keys-card'));
+    // The seed's ten latest writes, newest first.
+    await recentActivityIsServers();
     await screenshot('overview');
   });
+}
+
+/** The Overview's "Recent operator activity" rows: [operation, tenant and refusal], in order. */
+async function recentActivity() {
+  return page.getByTestId('recent-activity-card').evaluate((card) =>
+    [...card.querySelectorAll('a[title]')].map((link) => {
+      const line = link.parentElement.parentElement.querySelector('p');
+      return [link.innerText.trim(),
+        [...line.querySelectorAll('span')].map((s) => s.innerText.trim()).join(' ')];
+    }));
+}
+
+/** Waits until the card shows the server's ten newest entries; answers them. */
+async function recentActivityIsServers() {
+  const { logs } = await auditLogs({ limit: '10' });
+  same('the newest entries', logs.length, 10);
+  const want = logs.map((e) => [e.operation, [e.tenant_id,
+    e.error_code ? `· ${e.error_code}` : e.status >= 400 ? `· ${e.status}` : null]
+    .filter(Boolean).join(' ')]);
+  await until('the recent operator activity', recentActivity, want);
+  if (await page.getByText('No operator changes in range').isVisible()) {
+    throw new Error('the recent activity card says it has nothing');
+  }
+  return logs;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1215,6 +1281,453 @@ async function reservationsPage({ reservations: r }) {
   });
 }
 
+// ---------------------------------------------------------------------------------------
+// Audit
+// ---------------------------------------------------------------------------------------
+
+// An audit row's cells: expand, time, operation, resource (its type, then its id), tenant, key
+// id (masked), status (then a refusal's error code).
+
+const AUDIT = '/v1/admin/audit/logs';
+
+async function auditLogs(params = {}) {
+  return api('GET', `${AUDIT}?${query(params)}`);
+}
+
+/** Every entry the server lists for `params`, page after page. */
+async function allAuditLogs(params = {}) {
+  const logs = [];
+  let cursor;
+  for (;;) {
+    const page = await auditLogs({ ...params, limit: '100', ...(cursor ? { cursor } : {}) });
+    logs.push(...page.logs);
+    if (!page.has_more) return logs;
+    cursor = page.next_cursor;
+  }
+}
+
+/** How the page masks a key id (MaskedValue): at most 8 dots, then the last 4 characters. */
+function masked(value) {
+  return value.length <= 4 ? value : '•'.repeat(Math.min(8, value.length - 4)) + value.slice(-4);
+}
+
+/** What a row shows of entry `e`. */
+function auditLine(e) {
+  return [
+    e.operation,
+    [e.resource_type, e.resource_id].filter(Boolean).join(' ') || '-',
+    e.tenant_id || '-',
+    e.key_id ? masked(e.key_id) : '-',
+    [String(e.status), e.error_code].filter(Boolean).join(' '),
+  ];
+}
+
+function frames() {
+  return page.evaluate(() => new Promise((resolve) =>
+    requestAnimationFrame(() => requestAnimationFrame(resolve))));
+}
+
+/**
+ * Every row of the (virtualized) audit list, in display order: scrolls its body from top to
+ * bottom, collecting the rows it renders by their aria-rowindex, then back to the top.
+ */
+async function auditRows() {
+  const body = page.locator('[role="rowgroup"]:has([role="row"][aria-rowindex])');
+  if ((await body.count()) === 0) return [];
+  const seen = new Map();
+  await body.evaluate((el) => { el.scrollTop = 0; });
+  for (;;) {
+    await frames();
+    const rows = await body.evaluate((el) => [...el.querySelectorAll('[role="row"][aria-rowindex]')]
+      .map((row) => {
+        const cells = [...row.querySelectorAll('[role="cell"]')];
+        const spans = (cell) => [...cell.querySelectorAll('span')].map((s) => s.innerText.trim())
+          .filter(Boolean);
+        return [Number(row.getAttribute('aria-rowindex')), [
+          cells[2].querySelector('span').innerText.trim(),
+          spans(cells[3]).join(' '),
+          cells[4].innerText.trim(),
+          cells[5].innerText.trim(),
+          spans(cells[6]).join(' '),
+        ]];
+      }));
+    for (const [index, line] of rows) seen.set(index, line);
+    const more = await body.evaluate((el) => {
+      if (el.scrollTop + el.clientHeight >= el.scrollHeight - 1) return false;
+      el.scrollTop += el.clientHeight;
+      return true;
+    });
+    if (!more) break;
+  }
+  await body.evaluate((el) => { el.scrollTop = 0; });
+  await frames();
+  // aria-rowindex counts the header row as 1.
+  const lines = [];
+  for (let index = 2; seen.has(index); index += 1) lines.push(seen.get(index));
+  if (lines.length !== seen.size) return [`rows missing after ${lines.length}`];
+  return lines;
+}
+
+// The form's text fields, by the parameter each fills.
+const AUDIT_FIELDS = {
+  search: '#audit-search',
+  tenant_id: '#audit-tenant',
+  key_id: '#audit-key',
+  resource_type: '#audit-resource',
+  resource_id: '#audit-resource-id',
+  operation: '#audit-operation',
+  error_code: '#audit-error-code',
+  error_code_exclude: '#audit-error-code-exclude',
+  trace_id: '#audit-trace-id',
+  request_id: '#audit-request-id',
+};
+const AUDIT_PARAMS = [...Object.keys(AUDIT_FIELDS), 'status', 'status_min', 'status_max', 'from',
+  'to', 'sort_by', 'sort_dir', 'cursor', 'limit'];
+
+/** Exactly `params` of the audit list's parameters: each of the others absent. */
+function only(params) {
+  return Object.fromEntries(AUDIT_PARAMS.map((name) => [name, params[name] ?? null]));
+}
+
+/** Waits until the rows are the server's first page for `params`; answers that page. */
+async function auditShows(params) {
+  const answer = await auditLogs(params);
+  await until(`the audit rows for ${JSON.stringify(params)}`, auditRows,
+    answer.logs.map(auditLine));
+  return answer;
+}
+
+/**
+ * Fills the form with `form` (parameter → text; every other field emptied) and the status band
+ * labelled `band`, runs the query, checks the page asked for exactly `params`, and waits
+ * until the rows are the server's answer to them; answers that answer.
+ */
+async function auditQuery(form, band, params) {
+  for (const [name, selector] of Object.entries(AUDIT_FIELDS)) {
+    await page.locator(selector).fill(form[name] ?? '');
+  }
+  await page.getByRole('radio', { name: band, exact: true }).click();
+  const answered = listed(AUDIT, only(params));
+  await button('Run Query').click();
+  await answered;
+  return auditShows(params);
+}
+
+/** The form's values of the parameters `names`. */
+async function auditForm(names) {
+  return Promise.all(names.map((name) => page.locator(AUDIT_FIELDS[name]).inputValue()));
+}
+
+/** The one entry of the request that answered with `requestId`. */
+async function entryOf(requestId) {
+  const { logs } = await auditLogs({ request_id: requestId });
+  if (logs.length !== 1) {
+    throw new Error(`request ${requestId} has ${logs.length} audit entries, not one`);
+  }
+  return logs[0];
+}
+
+/** Checks `fields` of entry `e` (metadata's keys as `metadata.<key>`). */
+function entryHas(what, e, fields) {
+  const seen = Object.fromEntries(Object.keys(fields).map((name) => [name,
+    name.startsWith('metadata.') ? e.metadata?.[name.slice('metadata.'.length)] : e[name]]));
+  same(what, seen, fields);
+}
+
+/** Expands the row at `index` (0 is the first) into its detail; answers the row. */
+async function expandRow(index) {
+  const row = page.locator(`[role="row"][aria-rowindex="${index + 2}"]`);
+  await button('Expand audit details', row).click();
+  await button('Collapse audit details', row).waitFor();
+  return row;
+}
+
+async function auditPage({ acmeKey }) {
+  const agent = (await serverKeys({ tenant_id: 'acme' })).find((k) => k.name === 'acme-agent');
+  const refusals = {};
+
+  await step('audit: refused writes and a tenant key\'s writes are recorded too', async () => {
+    // Enough entries for a second page at the page's size (the server's default, 50): credits
+    // of one unit to acme's budget, before the four writes below.
+    const count = (await allAuditLogs()).length;
+    for (let i = count; i < 56; i += 1) {
+      await api('POST', `/v1/admin/budgets/fund?${query({ tenant_id: 'acme', scope: B.acme.scope,
+        unit: UNIT })}`, { body: { operation: 'CREDIT', amount: { unit: UNIT, amount: 1 },
+        reason: 'audit paging', idempotency_key: `dashboard-audit-${randomUUID()}` } });
+    }
+    // A tenant that exists, under another name; a wrong admin key; the tenant key creating a
+    // policy of its own, then changing a budget, which only the admin key may.
+    refusals.duplicate = await refused('POST', '/v1/admin/tenants', 409,
+      { body: { tenant_id: 'acme', name: 'Another Acme' } });
+    refusals.unauth = await refused('POST', '/v1/admin/tenants', 401,
+      { body: { tenant_id: 'intruder', name: 'Intruder' }, adminKey: 'not-the-admin-key' });
+    const policy = await send('POST', '/v1/admin/policies', { key: acmeKey,
+      body: { name: 'agent-policy', scope_pattern: 'tenant:acme/*' } });
+    same('the tenant key\'s policy', policy.status, 201);
+    refusals.tenantKey = await refused('PATCH',
+      `/v1/admin/budgets?${query({ scope: B.prod.scope, unit: UNIT })}`, 401,
+      { key: acmeKey, body: { overdraft_limit: { unit: UNIT, amount: 1 } } });
+
+    entryHas('the duplicate createTenant\'s entry', await entryOf(refusals.duplicate.requestId), {
+      operation: 'createTenant', resource_type: 'tenant', tenant_id: '__admin__', status: 409,
+      error_code: 'DUPLICATE_RESOURCE', trace_id: refusals.duplicate.traceId,
+      'metadata.actor_type': 'admin', 'metadata.method': 'POST',
+      'metadata.path': '/v1/admin/tenants',
+    });
+    entryHas('the wrong admin key\'s entry', await entryOf(refusals.unauth.requestId), {
+      operation: 'createTenant', tenant_id: '__unauth__', status: 401, error_code: 'UNAUTHORIZED',
+      'metadata.actor_type': 'unauthenticated',
+    });
+    entryHas('the tenant key\'s policy\'s entry', await entryOf(policy.requestId), {
+      operation: 'createPolicy', resource_type: 'policy', resource_id: policy.json.policy_id,
+      tenant_id: 'acme', key_id: agent.key_id, status: 201, error_code: undefined,
+      'metadata.actor_type': 'api_key',
+    });
+    entryHas('the tenant key\'s refused budget change\'s entry',
+      await entryOf(refusals.tenantKey.requestId), {
+        operation: 'updateBudget', resource_type: 'budget', tenant_id: 'acme',
+        key_id: agent.key_id, status: 401, error_code: 'UNAUTHORIZED',
+        'metadata.actor_type': 'api_key',
+      });
+  });
+
+  await step('audit: every write the test made has exactly one entry, and nothing else has one',
+    async () => {
+      const entries = await allAuditLogs();
+      const byRequest = new Map();
+      for (const e of entries) {
+        byRequest.set(e.request_id, [...(byRequest.get(e.request_id) || []), e]);
+      }
+      const wrong = writes.filter((w) => {
+        const found = byRequest.get(w.request_id) || [];
+        return found.length !== 1 || found[0].status !== w.status;
+      }).map((w) => `${w.via} ${w.method} ${w.path} ${w.status}: ` +
+        `${JSON.stringify((byRequest.get(w.request_id) || []).map((e) => e.status))}`);
+      if (wrong.length > 0) {
+        throw new Error(`writes without their one entry:\n  ${wrong.join('\n  ')}`);
+      }
+      same('entries, one per write', entries.length, writes.length);
+      const byPage = writes.filter((w) => w.via === 'page').length;
+      console.log(`  ${entries.length} entries: ${byPage} writes through the page, ` +
+        `${entries.length - byPage} through the API`);
+    });
+
+  let all;
+  await step('audit: the page lists the newest 50 entries, and Load more the rest', async () => {
+    const answered = listed(AUDIT, only({}));
+    await navigate('Audit', 'Audit Logs');
+    await answered;
+    const first = await auditShows({});
+    same('the first page', [first.logs.length, first.has_more], [50, true]);
+    await sees('50 log entries loaded (more available)');
+    // Newest first: the tenant key's refused change, made last.
+    same('the newest row', auditLine(first.logs[0]), ['updateBudget',
+      `budget ${B.prod.scope}`, 'acme', masked(agent.key_id), '401 UNAUTHORIZED']);
+    await screenshot('audit');
+
+    all = await allAuditLogs();
+    const more = listed(AUDIT, only({ cursor: first.next_cursor }));
+    await button('Load more').click();
+    await more;
+    await until('every entry, after Load more', auditRows, all.map(auditLine));
+    await sees(`${all.length} log entries`);
+    if (await button('Load more').isVisible()) throw new Error('Load more is offered at the end');
+    // The oldest rows, at the bottom: the seed's.
+    await page.locator('[role="rowgroup"]:has([role="row"][aria-rowindex])')
+      .evaluate((el) => { el.scrollTop = el.scrollHeight; });
+    await frames();
+    await sees('createTenant');
+    await screenshot('audit-load-more');
+    // What the earlier steps did through the page is among them.
+    const lines = all.map((e) => JSON.stringify(auditLine(e)));
+    const browserKey = (await serverKeys({ tenant_id: 'acme' }))
+      .find((k) => k.name === 'browser-key-renamed');
+    for (const line of [
+      ['createTenant', 'tenant umbrella', 'umbrella', '-', '201'],
+      ['createApiKey', `api_key ${browserKey.key_id}`, 'acme', '-', '201'],
+      ['updateApiKey', `api_key ${browserKey.key_id}`, 'acme', '-', '200'],
+      ['revokeApiKey', `api_key ${browserKey.key_id}`, 'acme', '-', '200'],
+      ['bulkActionTenants', 'tenant bulk-action', '__admin__', '-', '200'],
+      ['freezeBudget', `budget ${B.staging.scope}`, 'acme', '-', '200'],
+      ['createTenant', 'tenant', '__unauth__', '-', '401 UNAUTHORIZED'],
+    ]) {
+      if (!lines.includes(JSON.stringify(line))) {
+        throw new Error(`no row ${JSON.stringify(line)}`);
+      }
+    }
+    if (!all.some((e) => e.operation === 'bulkActionBudgets' && e.resource_id === 'bulk-action' &&
+      e.status === 200)) {
+      throw new Error('no row of the bulk CREDIT');
+    }
+  });
+
+  await step('audit: the operation, tenant and resource type filters', async () => {
+    const ops = await auditQuery({ operation: 'createTenant, createApiKey' }, 'All',
+      { operation: 'createTenant,createApiKey' });
+    // Five tenants and five keys created, and the two refused creates.
+    same('created tenants and keys', sorted(ops.logs.map((e) => `${e.operation} ${e.status}`)),
+      sorted([...Array(5).fill('createApiKey 201'), ...Array(5).fill('createTenant 201'),
+        'createTenant 401', 'createTenant 409']));
+    await screenshot('audit-operation');
+
+    const keys = await auditQuery({ tenant_id: 'acme', resource_type: 'api_key' }, 'All',
+      { tenant_id: 'acme', resource_type: 'api_key' });
+    same('acme\'s key writes', keys.logs.map((e) => e.operation),
+      ['revokeApiKey', 'updateApiKey', 'createApiKey', 'createApiKey', 'createApiKey']);
+    await screenshot('audit-tenant-acme-api-keys');
+  });
+
+  // The refusals of the first step, newest first, as their rows.
+  const refusedRows = async () => Promise.all([refusals.tenantKey, refusals.unauth,
+    refusals.duplicate].map(async (x) => auditLine(await entryOf(x.requestId))));
+
+  await step('audit: the error code, exclude-codes and tenant filters show the refusals',
+    async () => {
+      const want = await refusedRows();
+      const unauthorized = await auditQuery({ error_code: 'UNAUTHORIZED' }, 'All',
+        { error_code: 'UNAUTHORIZED' });
+      same('the 401s', unauthorized.logs.map(auditLine), want.slice(0, 2));
+      await screenshot('audit-error-code');
+      // An IN-list less a NOT-IN list.
+      const codes = await auditQuery({ error_code: 'UNAUTHORIZED, DUPLICATE_RESOURCE',
+        error_code_exclude: 'UNAUTHORIZED' }, 'All',
+      { error_code: 'UNAUTHORIZED,DUPLICATE_RESOURCE', error_code_exclude: 'UNAUTHORIZED' });
+      same('the refusals but the 401s', codes.logs.map(auditLine), [want[2]]);
+      await sees('DUPLICATE_RESOURCE');
+      // Excluding a code keeps every entry without one.
+      const excluded = await auditQuery({ error_code_exclude: 'UNAUTHORIZED' }, 'All',
+        { error_code_exclude: 'UNAUTHORIZED' });
+      same('entries but the 401s', excluded.logs.filter((e) => e.status >= 400).map(auditLine),
+        [want[2]]);
+      const unauth = await auditQuery({ tenant_id: '__unauth__' }, 'All',
+        { tenant_id: '__unauth__' });
+      same('the requests refused before the caller was known', unauth.logs.map(auditLine),
+        [want[1]]);
+      await screenshot('audit-unauth');
+    });
+
+  await step('audit: a search, a row\'s detail, and its request id as a filter', async () => {
+    const found = await auditQuery({ search: 'umbrella' }, 'All', { search: 'umbrella' });
+    same('entries matching "umbrella"', found.logs.map(auditLine),
+      [['createTenant', 'tenant umbrella', 'umbrella', '-', '201']]);
+    const [e] = found.logs;
+    const row = await expandRow(0);
+    const detail = await row.innerText();
+    for (const text of [`Log ID: ${e.log_id}`, 'Source IP: 127.0.0.1',
+      `User Agent: ${e.user_agent}`, '"actor_type": "admin"']) {
+      if (!detail.includes(text)) throw new Error(`the row's detail lacks ${text}:\n${detail}`);
+    }
+    // Made through the page's form.
+    if (!/Chrome/.test(e.user_agent)) throw new Error(`user agent ${e.user_agent}`);
+    await row.locator(`[title="${e.trace_id}"]`).waitFor();
+    await screenshot('audit-row-detail');
+    const pivoted = listed(AUDIT, { request_id: e.request_id });
+    await button(`Filter by request id ${e.request_id}`, row).click();
+    await pivoted;
+    same('the request id field', await auditForm(['request_id']), [e.request_id]);
+    await auditShows({ search: 'umbrella', request_id: e.request_id });
+
+    // A bulk action's detail: its outcome, row by row. The newest is the reactivation of
+    // globex and initech by filter.
+    const bulk = await auditQuery({ operation: 'bulkActionTenants' }, 'All',
+      { operation: 'bulkActionTenants' });
+    same('the bulk actions by filter', bulk.logs.map((x) => [x.metadata?.succeeded_ids,
+      x.metadata?.failed_rows]), [[['globex', 'initech'], []], [['globex'], []]]);
+    const outcome = (await expandRow(0)).getByTestId('bulk-action-audit-detail');
+    await sees('2 succeeded', outcome);
+    await sees('0 failed', outcome);
+    const ids = await outcome.locator('li span.font-mono').allTextContents();
+    same('the succeeded ids shown', sorted(ids), ['globex', 'initech']);
+    await screenshot('audit-bulk-detail');
+  });
+
+  await step('audit: a sort by a column header, both ways, and Load more in that order',
+    async () => {
+      await auditQuery({}, 'All', {});
+      for (const dir of ['asc', 'desc']) {
+        const answered = listed(AUDIT, only({ sort_by: 'operation', sort_dir: dir }));
+        await sortHeader('Operation').click();
+        await answered;
+        const first = await auditShows({ sort_by: 'operation', sort_dir: dir });
+        const every = await allAuditLogs({ sort_by: 'operation', sort_dir: dir });
+        const ops = every.map((e) => e.operation);
+        const ordered = [...ops].sort();
+        same(`the server's order by operation ${dir}`, ops,
+          dir === 'asc' ? ordered : ordered.reverse());
+        await screenshot(`audit-sorted-by-operation-${dir}`);
+        const more = listed(AUDIT, only({ sort_by: 'operation', sort_dir: dir,
+          cursor: first.next_cursor }));
+        await button('Load more').click();
+        await more;
+        await until(`every entry by operation ${dir}`, auditRows, every.map(auditLine));
+      }
+    });
+
+  await step('audit: an API key\'s Activity opens its entries', async () => {
+    await navigate('API Keys', 'API Keys');
+    const answered = listed(AUDIT, only({ key_id: agent.key_id }));
+    await rowAction('Actions for API key acme-agent', 'Activity');
+    await heading('Audit Logs');
+    await answered;
+    same('the route', new URL(page.url()).searchParams.get('key_id'), agent.key_id);
+    same('the key field', await auditForm(['key_id']), [agent.key_id]);
+    const { logs } = await auditShows({ key_id: agent.key_id });
+    same('acme-agent\'s entries', logs.map((e) => [e.operation, e.status]),
+      [['updateBudget', 401], ['createPolicy', 201]]);
+    await screenshot('audit-key-activity');
+  });
+
+  await step('audit: a tenant\'s Activity opens its entries', async () => {
+    await navigate('Tenants', 'Tenants');
+    const answered = listed(AUDIT, only({ tenant_id: 'globex' }));
+    await rowAction('Actions for tenant Globex Industries', 'Activity');
+    await heading('Audit Logs');
+    await answered;
+    same('the tenant field', await auditForm(['tenant_id']), ['globex']);
+    const { logs } = await auditShows({ tenant_id: 'globex' });
+    // Seeded; suspended and reactivated from its row's menu, then as a selected row (the
+    // bulk actions by filter act on several tenants: they are filed under __admin__).
+    same('globex\'s entries', logs.map((e) => e.operation), ['updateTenant', 'updateTenant',
+      'updateTenant', 'updateTenant', 'createApiKey', 'createBudget', 'createTenant']);
+    await screenshot('audit-tenant-activity');
+  });
+
+  await step('audit: a budget\'s Activity opens its entries', async () => {
+    await navigate('Budgets', 'Budgets');
+    const params = { resource_type: 'budget', resource_id: B.staging.scope };
+    const answered = listed(AUDIT, only(params));
+    await rowAction(`Actions for budget ${B.staging.scope}`, 'Activity');
+    await heading('Audit Logs');
+    await answered;
+    same('the resource fields', await auditForm(['resource_type', 'resource_id']),
+      ['budget', B.staging.scope]);
+    const { logs } = await auditShows(params);
+    // Seeded and frozen; unfrozen from its row, frozen again as a selected row.
+    same('staging\'s entries', logs.map((e) => e.operation),
+      ['freezeBudget', 'unfreezeBudget', 'freezeBudget', 'createBudget']);
+    await screenshot('audit-budget-activity');
+  });
+
+  await step('overview: the recent operator activity is the newest entries, and opens one',
+    async () => {
+      await navigate('Overview', 'Overview');
+      const logs = await recentActivityIsServers();
+      const [newest] = logs;
+      await page.getByTestId('recent-activity-card').scrollIntoViewIfNeeded();
+      await screenshot('overview-recent-activity');
+      // Not a tenant's: the link opens the Audit page searching for its log id.
+      const answered = listed(AUDIT, only({ search: newest.log_id }));
+      await page.getByTestId('recent-activity-card')
+        .getByRole('link', { name: newest.operation, exact: true }).first().click();
+      await heading('Audit Logs');
+      await answered;
+      same('the search field', await auditForm(['search']), [newest.log_id]);
+      same('the entry', (await auditShows({ search: newest.log_id })).logs.map(auditLine),
+        [auditLine(newest)]);
+      await screenshot('audit-from-overview');
+    });
+}
+
 async function run() {
   const seeded = await seed();
   console.log(`seeded ${TENANTS.length} tenants, ${Object.keys(B).length} budgets, ` +
@@ -1226,6 +1739,7 @@ async function run() {
   await apiKeysPage();
   await budgetsPage();
   await reservationsPage(seeded);
+  await auditPage(seeded);
 }
 
 async function main() {
