@@ -1442,7 +1442,7 @@ async function expandRow(index) {
   return row;
 }
 
-async function auditPage({ acmeKey }) {
+async function auditPage({ acmeKey, reservations: r }) {
   const agent = (await serverKeys({ tenant_id: 'acme' })).find((k) => k.name === 'acme-agent');
   const refusals = {};
 
@@ -1726,6 +1726,59 @@ async function auditPage({ acmeKey }) {
         [auditLine(newest)]);
       await screenshot('audit-from-overview');
     });
+
+  await step('audit: the status bands', async () => {
+    await navigate('Audit', 'Audit Logs');
+    const want = await refusedRows();
+    const errors = await auditQuery({}, '4xx+5xx', { status_min: '400', status_max: '599' });
+    same('the refused writes', errors.logs.map(auditLine), want);
+    await screenshot('audit-status-errors');
+    const client = await auditQuery({ error_code_exclude: 'UNAUTHORIZED' }, '4xx',
+      { error_code_exclude: 'UNAUTHORIZED', status_min: '400', status_max: '499' });
+    same('the 4xx but the 401s', client.logs.map(auditLine), [want[2]]);
+    const successes = await auditQuery({}, '2xx', { status_min: '200', status_max: '299' });
+    same('2xx entries', [successes.logs.length, successes.logs.every((e) => e.status < 300)],
+      [50, true]);
+    const none = await auditQuery({}, '5xx', { status_min: '500', status_max: '599' });
+    same('5xx entries', none.logs, []);
+    await sees('No audit logs found');
+    await screenshot('audit-status-5xx');
+  });
+
+  await step('audit: the budget detail\'s fund and the force release are filed under acme, ' +
+    'and acme\'s Activity shows them', async () => {
+    // Both made through the page with the admin key, for acme: on its behalf.
+    const fund = writes.find((w) => w.via === 'page' && w.path === '/v1/admin/budgets/fund');
+    const release = writes.find((w) => w.via === 'page' &&
+      w.path === `/v1/reservations/${r.small}/release`);
+    const funded = await entryOf(fund.request_id);
+    const released = await entryOf(release.request_id);
+    for (const e of [funded, released]) {
+      if (!/Chrome/.test(e.user_agent)) {
+        throw new Error(`the page's ${e.operation} is recorded with user agent ${e.user_agent}`);
+      }
+    }
+    await navigate('Tenants', 'Tenants');
+    const answered = listed(AUDIT, only({ tenant_id: 'acme' }));
+    await rowAction('Actions for tenant Acme Corp', 'Activity');
+    await heading('Audit Logs');
+    await answered;
+    await auditShows({ tenant_id: 'acme' });
+    await screenshot('audit-acme-activity');
+    entryHas('the fund\'s entry', funded, {
+      operation: 'fundBudget', resource_type: 'budget', resource_id: B.acme.scope, status: 200,
+      'metadata.actor_type': 'admin_on_behalf_of', tenant_id: 'acme',
+    });
+    entryHas('the force release\'s entry', released, {
+      operation: 'releaseReservation', resource_type: 'reservation', resource_id: r.small,
+      status: 200, 'metadata.actor_type': 'admin_on_behalf_of', tenant_id: 'acme',
+    });
+    const every = (await allAuditLogs({ tenant_id: 'acme' })).map((e) => e.request_id);
+    if (!every.includes(fund.request_id) || !every.includes(release.request_id)) {
+      throw new Error('acme\'s entries lack the fund of its budget or the release of its ' +
+        'reservation');
+    }
+  });
 }
 
 async function run() {
