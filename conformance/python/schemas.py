@@ -48,10 +48,16 @@ ADMIN_ROUTES: list[tuple[str, str, int, str]] = [
     ("POST", r"/v1/admin/budgets/bulk-action", 200, "BudgetBulkActionResponse"),
     ("POST", r"/v1/admin/budgets", 201, "BudgetLedger"),
     ("GET", r"/v1/admin/budgets", 200, "BudgetListResponse"),
+    ("PATCH", r"/v1/admin/budgets", 200, "BudgetLedger"),
+    ("POST", r"/v1/admin/budgets/freeze", 200, "BudgetLedger"),
+    ("POST", r"/v1/admin/budgets/unfreeze", 200, "BudgetLedger"),
+    ("POST", r"/v1/admin/budgets/fund", 200, "BudgetFundingResponse"),
     ("GET", r"/v1/admin/budgets/lookup", 200, "BudgetLedger"),
+    ("POST", r"/v1/admin/policies", 201, "Policy"),
     ("GET", r"/v1/auth/introspect", 200, "AuthIntrospectResponse"),
     ("POST", r"/v1/auth/validate", 200, "ApiKeyValidationResponse"),
     ("GET", r"/v1/admin/overview", 200, "AdminOverviewResponse"),
+    ("GET", r"/v1/admin/audit/logs", 200, "AuditLogListResponse"),
     # The admin spec's form of getBalances (whole ledgers), asked for with its parameters.
     ("GET", r"/v1/balances", 200, "BalanceListResponse"),
 ]
