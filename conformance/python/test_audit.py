@@ -54,6 +54,7 @@ class World:
     tenant_a: str
     tenant_b: str
     key_id: str
+    key_secret: str
     policy_id: str
     writes: list[Write]
     window: dict[str, str]
@@ -167,7 +168,7 @@ def world(server: Server) -> Iterator[World]:
         w.entry = found[0]
     stamps = sorted((w.entry["timestamp"] for w in writes), key=datetime.fromisoformat)
     window = {"from": stamps[0], "to": stamps[-1]}
-    w = World(a, b, key["key_id"], policy["policy_id"], writes, window)
+    w = World(a, b, key["key_id"], key["key_secret"], policy["policy_id"], writes, window)
     # The window holds this module's entries and nothing else.
     assert sorted(ids(every(server, **window))) == sorted(ids(w.entries))
     yield w
@@ -292,6 +293,61 @@ def test_time_window_bounds_are_inclusive(server: Server, world: World) -> None:
     until = every(server, **{"from": world.window["from"], "to": mid})
     assert sorted(ids(until)) == sorted(
         ids([e for e in world.entries if datetime.fromisoformat(e["timestamp"]) <= at]))
+
+
+def test_status_filters(server: Server, world: World) -> None:
+    """Exact, and inclusive bounds; the bounds 100 and 599 themselves are allowed."""
+    for params, selects in [
+        ({"status": 201}, lambda e: e["status"] == 201),
+        ({"status": 401}, lambda e: e["status"] == 401),
+        ({"status_min": 400}, lambda e: e["status"] >= 400),
+        ({"status_max": 299}, lambda e: e["status"] <= 299),
+        ({"status_min": 400, "status_max": 401}, lambda e: 400 <= e["status"] <= 401),
+        ({"status_min": 409, "status_max": 409}, lambda e: e["status"] == 409),
+        ({"status_min": 500, "status_max": 599}, lambda e: False),
+        ({"status_min": 100, "status_max": 599}, lambda e: True),
+        ({"status_min": 400, "error_code_exclude": "UNAUTHORIZED"}, lambda e: e["status"] == 409),
+    ]:
+        got = every(server, **params, **world.window)
+        want = [e for e in world.entries if selects(e)]
+        assert sorted(ids(got)) == sorted(ids(want)), params
+
+
+def test_admin_writes_for_a_tenant_are_filed_under_it(server: Server, world: World) -> None:
+    """A fund of a tenant's budget and a force release of its reservation, with the admin key:
+    on the tenant's behalf, like the admin's budget updates, so under the tenant's id (where
+    the tenant's Activity looks), not __admin__."""
+    admin = server.admin
+    scope = f"tenant:{world.tenant_a}"
+    fund = admin.post("/v1/admin/budgets/fund",
+                      params={"tenant_id": world.tenant_a, "scope": scope, "unit": UNIT},
+                      json={"operation": "CREDIT", "amount": {"unit": UNIT, "amount": 5},
+                            "idempotency_key": uuid.uuid4().hex})
+    ok(fund)
+    # The runtime plane, its bodies validated against the protocol's schemas.
+    tenant, operator = (
+        httpx.Client(base_url=server.base_url, timeout=10.0, headers=headers)
+        for headers in ({"X-Cycles-API-Key": world.key_secret}, {"X-Admin-API-Key": ADMIN_KEY}))
+    install_hooks(tenant, "runtime")
+    install_hooks(operator, "runtime")
+    with tenant, operator:
+        reservation = ok(tenant.post("/v1/reservations", json={
+            "idempotency_key": uuid.uuid4().hex, "subject": {"tenant": world.tenant_a},
+            "action": {"kind": "llm.completion", "name": "audit"},
+            "estimate": {"unit": UNIT, "amount": 1}, "ttl_ms": 60_000}))
+        release = operator.post(f"/v1/reservations/{reservation['reservation_id']}/release",
+                                json={"idempotency_key": uuid.uuid4().hex})
+        ok(release)
+    for r, operation, kind, resource in [
+        (fund, "fundBudget", "budget", scope),
+        (release, "releaseReservation", "reservation", reservation["reservation_id"]),
+    ]:
+        [e] = page(server, request_id=r.headers["x-request-id"])["logs"]
+        seen = (e["operation"], e.get("resource_type"), e.get("resource_id"),
+                e["metadata"].get("actor_type"), e["tenant_id"])
+        assert seen == (operation, kind, resource, "admin_on_behalf_of", world.tenant_a), e
+        assert e["request_id"] in {
+            x["request_id"] for x in every(server, tenant_id=world.tenant_a)}, e
 
 
 SORTS = ["timestamp", "operation", "resource_type", "tenant_id", "key_id", "status"]
