@@ -308,7 +308,7 @@ pub struct RowOutcome {
     pub error_code: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Skipped rows: ALREADY_IN_TARGET_STATE.
+    /// Skipped rows: [`SKIPPED_REASON`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
 }
@@ -325,7 +325,11 @@ pub struct BulkActionResponse {
     pub idempotency_key: String,
 }
 
-fn row_code(error: RowError) -> &'static str {
+/// Why a row was skipped: it was already in the action's target state.
+pub const SKIPPED_REASON: &str = "ALREADY_IN_TARGET_STATE";
+
+/// The error code a failed row is answered with.
+pub fn row_code(error: RowError) -> &'static str {
     match error {
         RowError::InvalidTransition => "INVALID_TRANSITION",
         RowError::BudgetExceeded => "BUDGET_EXCEEDED",
@@ -359,7 +363,7 @@ impl BulkActionResponse {
                 .skipped
                 .iter()
                 .map(|s| RowOutcome {
-                    reason: Some("ALREADY_IN_TARGET_STATE"),
+                    reason: Some(SKIPPED_REASON),
                     ..id(s)
                 })
                 .collect(),

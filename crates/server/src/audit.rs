@@ -16,13 +16,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::http::{HeaderMap, HeaderValue, Method};
 use ledger::{
     Actor, ApiKey, AuditEntry, Budget, BulkResult, FundResult, Idempotent, KeyValidation, Policy,
     Rejection, ReleaseResult, Tenant, TenantWritten, ADMIN_TENANT, UNAUTH_TENANT,
 };
+use protocol::bulk::{row_code, SKIPPED_REASON};
 use protocol::{ApiError, Plane, WireName};
 use serde_json::{json, Map, Value};
 use store::AuditFacts;
@@ -171,6 +172,26 @@ pub struct AuditScope {
     path: String,
     /// Set once the entry is made: one entry per request.
     written: AtomicBool,
+    /// What the handler added that neither the path nor the result says.
+    notes: Mutex<Notes>,
+}
+
+/// A handler's additions to its request's entry (see [`annotate`]).
+#[derive(Default)]
+struct Notes {
+    metadata: Map<String, Value>,
+    /// The tenant the request acts for, when the request names it.
+    tenant: Option<String>,
+}
+
+/// Adds `metadata` to the current audited request's entry, and the tenant it acts for when
+/// the request names one (a bulk action's filter); nothing outside an audited request.
+pub fn annotate(metadata: Map<String, Value>, tenant: Option<String>) {
+    if let Some(scope) = current() {
+        let mut notes = scope.notes.lock().unwrap_or_else(|e| e.into_inner());
+        notes.metadata.extend(metadata);
+        notes.tenant = tenant.or(notes.tenant.take());
+    }
 }
 
 tokio::task_local! {
@@ -210,6 +231,7 @@ impl AuditScope {
             method: facts.method,
             path: facts.path,
             written: AtomicBool::new(false),
+            notes: Mutex::default(),
         }
     }
 
@@ -316,8 +338,12 @@ impl AuditScope {
         }
     }
 
-    fn make(&self, made: Made) -> AuditEntry {
+    fn make(&self, mut made: Made) -> AuditEntry {
         self.written.store(true, Ordering::Release);
+        let notes = std::mem::take(&mut *self.notes.lock().unwrap_or_else(|e| e.into_inner()));
+        if made.error_code.is_none() {
+            made.detail.tenant_id = made.detail.tenant_id.or(notes.tenant);
+        }
         let admin = matches!(self.presented, Presented::Admin);
         let tenant_id = match (made.authenticated, admin) {
             (false, _) => UNAUTH_TENANT.to_string(),
@@ -332,7 +358,8 @@ impl AuditScope {
                 .or(made.detail.tenant_id.clone())
                 .unwrap_or_else(|| UNAUTH_TENANT.to_string()),
         };
-        let mut metadata = made.detail.metadata.unwrap_or_default();
+        let mut metadata = notes.metadata;
+        metadata.extend(made.detail.metadata.unwrap_or_default());
         let resource_id = made
             .detail
             .resource_id
@@ -542,7 +569,12 @@ impl AuditDetail for BulkResult {
         let failed: Vec<Value> = self
             .failed
             .iter()
-            .map(|f| json!({"id": f.id, "message": f.message}))
+            .map(|f| json!({"id": f.id, "error_code": row_code(f.error), "message": f.message}))
+            .collect();
+        let skipped: Vec<Value> = self
+            .skipped
+            .iter()
+            .map(|id| json!({"id": id, "reason": SKIPPED_REASON}))
             .collect();
         Some(Map::from_iter([
             ("total_matched".to_string(), self.total_matched.into()),
@@ -551,6 +583,7 @@ impl AuditDetail for BulkResult {
             ("skipped".to_string(), self.skipped.len().into()),
             ("succeeded_ids".to_string(), self.succeeded.clone().into()),
             ("failed_rows".to_string(), failed.into()),
+            ("skipped_rows".to_string(), skipped.into()),
         ]))
     }
 }

@@ -12,6 +12,7 @@ use protocol::runtime::{
 };
 use protocol::{parse_body, Plane, Validate};
 use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 
 use crate::app::App;
 use crate::reply::{json, Answer, Failure};
@@ -88,6 +89,17 @@ where
             Ok((request.echo(), request.into_operation(actor.clone())?))
         })
         .await?;
+    // The entry names the action, its filter as sent and its key (and, for budgets, the
+    // tenant the filter names), as the dashboard's bulk-action detail shows them.
+    let filter =
+        serde_json::from_slice::<Value>(bytes).map_or(Value::Null, |mut v| v["filter"].take());
+    let tenant = filter["tenant_id"].as_str().map(str::to_string);
+    let notes = Map::from_iter([
+        ("action".to_string(), Value::from(action.clone())),
+        ("filter".to_string(), filter),
+        ("idempotency_key".to_string(), Value::from(key.clone())),
+    ]);
+    crate::audit::annotate(notes, tenant);
     let (done, _) = app.mutate(operation, Plane::Admin).await?;
     Ok(json(
         axum::http::StatusCode::OK,

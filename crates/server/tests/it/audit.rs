@@ -268,6 +268,11 @@ async fn every_admin_write_leaves_one_entry(engine: Engine) {
     );
     assert_eq!(e["metadata"]["succeeded"], 1, "{e}");
     assert_eq!(e["metadata"]["succeeded_ids"], json!([ledger_id]), "{e}");
+    // The action, its filter as sent and its key; the tenant its filter names.
+    assert_eq!(e["metadata"]["action"], "CREDIT", "{e}");
+    assert_eq!(e["metadata"]["filter"], json!({"tenant_id": "acme"}), "{e}");
+    assert_eq!(e["metadata"]["idempotency_key"], "b1", "{e}");
+    assert_eq!(e["tenant_id"], "acme", "{e}");
     let bulk = json!({"filter": {"search": "acme"}, "action": "SUSPEND", "idempotency_key": "b2"});
     let r = s
         .post("/v1/admin/tenants/bulk-action", As::Admin, bulk)
@@ -276,6 +281,20 @@ async fn every_admin_write_leaves_one_entry(engine: Engine) {
     let e = entry_of(&s, &r).await;
     assert_eq!(e["operation"], "bulkActionTenants");
     assert_eq!(e["metadata"]["actor_type"], on_behalf, "{e}");
+    assert_eq!(e["metadata"]["action"], "SUSPEND", "{e}");
+    assert_eq!(
+        e["tenant_id"], "__admin__",
+        "a tenant filter may match many: {e}"
+    );
+    // Again: the row is skipped, and the entry says why.
+    let bulk = json!({"filter": {"search": "acme"}, "action": "SUSPEND", "idempotency_key": "b3"});
+    let r = s
+        .post("/v1/admin/tenants/bulk-action", As::Admin, bulk)
+        .await;
+    r.expect(200, None);
+    let e = entry_of(&s, &r).await;
+    let skipped = json!([{"id": "acme", "reason": "ALREADY_IN_TARGET_STATE"}]);
+    assert_eq!(e["metadata"]["skipped_rows"], skipped, "{e}");
 
     let r = s.send(Method::DELETE, &path, As::Admin, None).await;
     r.expect(200, None);
@@ -286,8 +305,8 @@ async fn every_admin_write_leaves_one_entry(engine: Engine) {
         ("api_key", &key_id),
         "admin",
     );
-    // Sixteen requests, sixteen entries: nothing else was written.
-    assert_eq!(logs(&s, "limit=100").await.len(), 16);
+    // Seventeen requests, seventeen entries: nothing else was written.
+    assert_eq!(logs(&s, "limit=100").await.len(), 17);
 }
 
 /// A refused write is audited with the status and code it was answered, filed under the
