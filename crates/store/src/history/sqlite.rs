@@ -25,6 +25,8 @@ pub const FILE_NAME: &str = "history.sqlite";
 /// Pages of SQLite's cache per connection (negative: KiB), so memory stays flat however large
 /// the history grows.
 const CACHE_KIB: i64 = 8 * 1024;
+/// The size the WAL is cut back to after a checkpoint.
+const WAL_LIMIT_BYTES: i64 = 32 << 20;
 /// Rows deleted per transaction by retention, so the writer never holds the file for long.
 const EXPIRY_CHUNK: i64 = 10_000;
 /// A status filter matching at most this many entries is walked through the status index
@@ -97,6 +99,10 @@ impl SqliteHistory {
             .map_err(sql_error)?;
         writer
             .pragma_update(None, "synchronous", "FULL")
+            .map_err(sql_error)?;
+        // A checkpoint that a reader held back lets the WAL grow; this cuts it back after.
+        writer
+            .pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)
             .map_err(sql_error)?;
         Self::with(writer, open()?)
     }
