@@ -58,6 +58,14 @@ pub struct ServeArgs {
         default_value_t = 30
     )]
     audit_retention_unauthenticated_days: u32,
+    /// Audit entries one client address may leave per minute for requests refused before
+    /// their caller was known (0 = every one); past it they are counted, not written.
+    #[arg(
+        long,
+        env = "CYCLES_AUDIT_UNAUTHENTICATED_PER_MINUTE",
+        default_value_t = 300
+    )]
+    audit_unauthenticated_per_minute: u32,
     /// Requests per second allowed per API key (0 = no limit). Over it: 429 LIMIT_EXCEEDED.
     #[arg(long, env = "CYCLES_RATE_LIMIT_PER_SECOND", default_value_t = 0.0)]
     rate_limit_per_second: f64,
@@ -148,6 +156,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }),
         public_metrics: args.public_metrics,
         dashboard,
+        audit_unauthenticated_per_minute: args.audit_unauthenticated_per_minute,
     };
     let bound = BoundServer::bind(store, options)
         .await

@@ -6,7 +6,7 @@ use ledger::{Actor, AuditPage, AuditQuery, Authenticate, Operation, Principal};
 use protocol::{ApiError, Plane};
 use store::{AuditFn, Engine, Reply, Store, StoreError};
 
-use crate::audit::{self, AuditDetail, AuditScope};
+use crate::audit::{self, AuditDetail, AuditScope, UnauthenticatedBudget};
 
 use crate::auth::AdminKey;
 use crate::jobs::SweepCounters;
@@ -21,10 +21,16 @@ pub struct App {
     http_metrics: HttpMetrics,
     sweep_counters: Arc<SweepCounters>,
     public_metrics: bool,
+    unauthenticated: Arc<UnauthenticatedBudget>,
 }
 
 impl App {
-    pub fn new(store: Arc<Engine>, admin_api_key: &str, public_metrics: bool) -> Self {
+    pub fn new(
+        store: Arc<Engine>,
+        admin_api_key: &str,
+        public_metrics: bool,
+        audit_unauthenticated_per_minute: u32,
+    ) -> Self {
         App {
             store,
             admin_key: AdminKey::new(admin_api_key),
@@ -32,7 +38,13 @@ impl App {
             http_metrics: HttpMetrics::default(),
             sweep_counters: Arc::default(),
             public_metrics,
+            unauthenticated: Arc::new(UnauthenticatedBudget::new(audit_unauthenticated_per_minute)),
         }
+    }
+
+    /// The budget of unauthenticated refusals' audit entries (see [`UnauthenticatedBudget`]).
+    pub fn unauthenticated(&self) -> &Arc<UnauthenticatedBudget> {
+        &self.unauthenticated
     }
 
     pub fn admin_key(&self) -> &AdminKey {

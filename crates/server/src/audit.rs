@@ -15,7 +15,7 @@
 //! layer afterwards, made the same way from the answer it got.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::http::{HeaderMap, HeaderValue, Method};
@@ -26,12 +26,56 @@ use ledger::{
 use protocol::bulk::{row_code, SKIPPED_REASON};
 use protocol::{ApiError, Plane, WireName};
 use serde_json::{json, Map, Value};
+use sha2::Digest;
 use store::AuditFacts;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::OpenApi;
 
 use crate::auth::{self, AdminKey};
 use crate::ids;
+use crate::ratelimit::{Limiter, RateLimit};
+
+/// How many entries of unauthenticated refusals one client address may leave: a flood of
+/// requests with no key or a wrong one must not become a flood of disk writes. Past its
+/// budget such a request is still refused, and counted instead of audited.
+pub struct UnauthenticatedBudget {
+    /// `None`: no limit.
+    limiter: Option<Limiter>,
+    skipped: AtomicU64,
+}
+
+impl UnauthenticatedBudget {
+    /// `per_minute` entries per address, in bursts of as many (0: no limit).
+    pub fn new(per_minute: u32) -> Self {
+        let limiter = (per_minute > 0).then(|| {
+            Limiter::new(RateLimit {
+                per_second: f64::from(per_minute) / 60.0,
+                burst: f64::from(per_minute),
+            })
+        });
+        UnauthenticatedBudget {
+            limiter,
+            skipped: AtomicU64::new(0),
+        }
+    }
+
+    fn admit(&self, source_ip: Option<&str>) -> bool {
+        let Some(limiter) = &self.limiter else {
+            return true;
+        };
+        let who: [u8; 32] = sha2::Sha256::digest(source_ip.unwrap_or_default().as_bytes()).into();
+        let admitted = limiter.allow(who);
+        if !admitted {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        admitted
+    }
+
+    /// Unauthenticated refusals not audited for being over their address's budget.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+}
 
 /// An operation of the route table, as the audit log names it.
 #[derive(Debug, Clone)]
@@ -170,6 +214,7 @@ pub struct AuditScope {
     path_resource: Option<String>,
     method: Method,
     path: String,
+    unauthenticated: Arc<UnauthenticatedBudget>,
     /// Set once the entry is made: one entry per request.
     written: AtomicBool,
     /// What the handler added that neither the path nor the result says.
@@ -217,6 +262,7 @@ pub struct RequestFacts {
     pub path_resource: Option<String>,
     pub method: Method,
     pub path: String,
+    pub unauthenticated: Arc<UnauthenticatedBudget>,
 }
 
 impl AuditScope {
@@ -230,6 +276,7 @@ impl AuditScope {
             path_resource: facts.path_resource,
             method: facts.method,
             path: facts.path,
+            unauthenticated: facts.unauthenticated,
             written: AtomicBool::new(false),
             notes: Mutex::default(),
         }
@@ -244,8 +291,13 @@ impl AuditScope {
         self.written.load(Ordering::Acquire)
     }
 
-    /// The entry of an operation that reached the store, from its result.
-    pub fn entry<T: AuditDetail>(&self, facts: AuditFacts<'_, T>, plane: Plane) -> AuditEntry {
+    /// The entry of an operation that reached the store, from its result (`None`: an
+    /// unauthenticated refusal over its address's budget).
+    pub fn entry<T: AuditDetail>(
+        &self,
+        facts: AuditFacts<'_, T>,
+        plane: Plane,
+    ) -> Option<AuditEntry> {
         let (status, error_code, detail) = match facts.result {
             Ok(output) => {
                 let resource_id = output.resource_id();
@@ -294,7 +346,7 @@ impl AuditScope {
         caller: Option<&Arc<str>>,
         state: &ledger::State,
         now: ledger::Millis,
-    ) -> AuditEntry {
+    ) -> Option<AuditEntry> {
         let authenticated = match self.presented {
             Presented::Admin => true,
             Presented::TenantKey(_) => caller.is_some(),
@@ -338,8 +390,11 @@ impl AuditScope {
         }
     }
 
-    fn make(&self, mut made: Made) -> AuditEntry {
+    fn make(&self, mut made: Made) -> Option<AuditEntry> {
         self.written.store(true, Ordering::Release);
+        if !made.authenticated && !self.unauthenticated.admit(self.source_ip.as_deref()) {
+            return None;
+        }
         let notes = std::mem::take(&mut *self.notes.lock().unwrap_or_else(|e| e.into_inner()));
         if made.error_code.is_none() {
             made.detail.tenant_id = made.detail.tenant_id.or(notes.tenant);
@@ -376,7 +431,7 @@ impl AuditScope {
             metadata.insert("path".into(), self.path.clone().into());
         }
         let text = |v: &HeaderValue| v.to_str().ok().map(str::to_string);
-        AuditEntry {
+        Some(AuditEntry {
             log_id: ids::log_id(),
             timestamp_ms: made.now,
             tenant_id,
@@ -391,7 +446,7 @@ impl AuditScope {
             status: made.status,
             error_code: made.error_code,
             metadata: Some(Value::Object(metadata).to_string()),
-        }
+        })
     }
 }
 

@@ -67,6 +67,9 @@ pub struct ServerOptions {
     pub public_metrics: bool,
     /// A dashboard build to serve on the same listener; `None` serves only the API.
     pub dashboard: Option<Dashboard>,
+    /// Audit entries of unauthenticated refusals one client address may leave per minute
+    /// (0: every one).
+    pub audit_unauthenticated_per_minute: u32,
 }
 
 /// A server bound to its address, ready to run.
@@ -87,6 +90,7 @@ impl BoundServer {
                 Arc::new(store.into()),
                 &options.admin_api_key,
                 options.public_metrics,
+                options.audit_unauthenticated_per_minute,
             )),
             sweep_interval: options.sweep_interval,
             rate_limit: options.rate_limit,

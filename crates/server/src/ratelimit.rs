@@ -54,6 +54,11 @@ impl Limiter {
         }
     }
 
+    /// Whether `who` has a token now (and takes it).
+    pub fn allow(&self, who: [u8; 32]) -> bool {
+        matches!(self.take(who, Instant::now()), Verdict::Allowed { .. })
+    }
+
     fn take(&self, who: [u8; 32], now: Instant) -> Verdict {
         let RateLimit { per_second, burst } = self.limit;
         let Ok(mut buckets) = self.buckets.lock() else {

@@ -38,8 +38,9 @@ pub struct AuditFacts<'a, T> {
 
 /// Makes an operation's audit entry from its result: the caller knows the request (ids,
 /// addresses, the operation's name) and how a result is answered; the store supplies the
-/// result and writes the entry in the same durable step as the operation's effects.
-pub type AuditFn<T> = Box<dyn FnOnce(AuditFacts<'_, T>) -> AuditEntry + Send>;
+/// result and writes the entry in the same durable step as the operation's effects. `None`:
+/// the caller decided, on the result, that this one is not audited.
+pub type AuditFn<T> = Box<dyn FnOnce(AuditFacts<'_, T>) -> Option<AuditEntry> + Send>;
 
 /// Why a store could not answer (as opposed to answering with a rejection).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

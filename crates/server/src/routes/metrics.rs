@@ -51,11 +51,18 @@ pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> 
     if !app.public_metrics() {
         auth::admin(app.admin_key(), &headers).map_err(Failure::from)?;
     }
+    let mut counters = app.store().metrics();
+    counters.push(store::Metric {
+        name: "cycles_audit_unauthenticated_skipped_total",
+        help: "Refusals of unknown callers not audited: over their address's budget per minute.",
+        counter: true,
+        value: app.unauthenticated().skipped(),
+    });
     let body = render(
         app.http_metrics(),
         app.load().in_flight(),
         app.sweep_counters(),
-        &app.store().metrics(),
+        &counters,
     );
     let mut response = (StatusCode::OK, body).into_response();
     response.headers_mut().insert(

@@ -131,6 +131,7 @@ async fn audited(
             .or(query_scope),
         method: request.method().clone(),
         path: request.uri().path().to_string(),
+        unauthenticated: app.unauthenticated().clone(),
     };
     let name = operation.operation.clone();
     let scope = Arc::new(AuditScope::new(operation, facts));

@@ -16,6 +16,7 @@ engine_tests!(
     audit_log_filters,
     audit_log_orders_and_pages,
     audit_list_refuses_bad_parameters,
+    unknown_callers_have_a_budget_per_address,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -736,4 +737,29 @@ async fn audit_list_refuses_bad_parameters(engine: Engine) {
     assert!(logs(&s, &query).await.is_empty());
     // None of the refused reads wrote anything (only the key's creation).
     assert_eq!(logs(&s, "limit=100").await.len(), 13);
+}
+
+/// A flood of refusals from an unknown caller leaves at most the address's budget of
+/// entries (then counts them); known callers' refusals are never dropped.
+async fn unknown_callers_have_a_budget_per_address(engine: Engine) {
+    let s = TestServer::start_with(engine, |o| o.audit_unauthenticated_per_minute = 3).await;
+    for _ in 0..5 {
+        s.post("/v1/admin/tenants", As::Nobody, json!({}))
+            .await
+            .expect(401, None);
+    }
+    for _ in 0..5 {
+        let bad = json!({"tenant_id": "Bad!"});
+        s.post("/v1/admin/tenants", As::Admin, bad)
+            .await
+            .expect(400, None);
+    }
+    assert_eq!(logs(&s, "tenant_id=__unauth__").await.len(), 3);
+    assert_eq!(logs(&s, "tenant_id=__admin__").await.len(), 5);
+    let metrics = s.get("/metrics", As::Admin).await;
+    let text = metrics.body.as_str().expect("metrics text").to_string();
+    assert!(
+        text.contains("cycles_audit_unauthenticated_skipped_total 2"),
+        "{text}"
+    );
 }

@@ -139,7 +139,7 @@ impl Shared {
         let now = self.clock.now_ms().max(ledger.last_now);
         ledger.last_now = now;
         let mut applied = apply(&mut ledger.state, operation, now);
-        let entry = audit.map(|audit| {
+        let entry = audit.and_then(|audit| {
             audit(AuditFacts {
                 result: &applied.result,
                 tenant: applied.tenant.as_ref(),

@@ -47,25 +47,27 @@ fn create(id: &str, name: &str) -> CreateTenant {
 
 /// An entry named `log_id` for `tenant`, with the status the operation's result gives.
 fn audit(log_id: &'static str, tenant: &'static str) -> AuditFn<TenantWritten> {
-    Box::new(move |facts| AuditEntry {
-        log_id: log_id.into(),
-        timestamp_ms: facts.now,
-        tenant_id: tenant.into(),
-        key_id: None,
-        user_agent: None,
-        source_ip: None,
-        operation: "createTenant".into(),
-        resource_type: Some("tenant".into()),
-        resource_id: None,
-        request_id: None,
-        trace_id: None,
-        status: if facts.result.is_ok() { 201 } else { 409 },
-        error_code: facts
-            .result
-            .as_ref()
-            .err()
-            .map(|_| "DUPLICATE_RESOURCE".into()),
-        metadata: None,
+    Box::new(move |facts| {
+        Some(AuditEntry {
+            log_id: log_id.into(),
+            timestamp_ms: facts.now,
+            tenant_id: tenant.into(),
+            key_id: None,
+            user_agent: None,
+            source_ip: None,
+            operation: "createTenant".into(),
+            resource_type: Some("tenant".into()),
+            resource_id: None,
+            request_id: None,
+            trace_id: None,
+            status: if facts.result.is_ok() { 201 } else { 409 },
+            error_code: facts
+                .result
+                .as_ref()
+                .err()
+                .map(|_| "DUPLICATE_RESOURCE".into()),
+            metadata: None,
+        })
     })
 }
 

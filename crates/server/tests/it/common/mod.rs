@@ -174,6 +174,7 @@ impl TestServer {
             rate_limit: None,
             public_metrics: false,
             dashboard: None,
+            audit_unauthenticated_per_minute: 0,
         };
         configure(&mut options);
         let bound = BoundServer::bind(store, options).await.expect("bind");
