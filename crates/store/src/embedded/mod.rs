@@ -171,6 +171,21 @@ impl EmbeddedStore {
 }
 
 impl EmbeddedStore {
+    /// Applies an operation (with its audit entry, if any) and waits until what its reply
+    /// depends on is durable.
+    async fn run<O: Operation>(
+        &self,
+        operation: O,
+        load: Load,
+        audit: Option<AuditFn<O::Output>>,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        let (reply, wait) = self.apply(operation, load, audit)?;
+        if let Some(seq) = wait {
+            self.shared.wait_durable(seq).await?;
+        }
+        Ok(reply)
+    }
+
     /// Applies an operation; a request that is alone and finds the journal free then runs
     /// the round itself (see `commit`), so its wait below is already over.
     fn apply<O: Operation>(
@@ -247,11 +262,7 @@ impl Store for EmbeddedStore {
         operation: O,
         load: Load,
     ) -> Result<Reply<O::Output>, StoreError> {
-        let (reply, wait) = self.apply(operation, load, None)?;
-        if let Some(seq) = wait {
-            self.shared.wait_durable(seq).await?;
-        }
-        Ok(reply)
+        self.run(operation, load, None).await
     }
 
     async fn execute_audited<O: Operation>(
@@ -260,11 +271,7 @@ impl Store for EmbeddedStore {
         load: Load,
         audit: AuditFn<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
-        let (reply, wait) = self.apply(operation, load, Some(audit))?;
-        if let Some(seq) = wait {
-            self.shared.wait_durable(seq).await?;
-        }
-        Ok(reply)
+        self.run(operation, load, Some(audit)).await
     }
 
     async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
