@@ -147,14 +147,15 @@ impl Shared {
                 now,
             })
         });
-        // Without a journal the entry goes straight to the history store, once the lock is
-        // let go.
+        // Journaled, the entry goes with the record's effects and waits beside the frame for
+        // the round; without a journal it goes straight to the history store, once the lock
+        // is let go.
+        let mut journaled_entry: Option<AuditEntry> = None;
         let mut unjournaled: Option<AuditEntry> = None;
         if let Some(entry) = entry {
             if ledger.journaled {
-                let seq = ledger.next_seq;
-                ledger.history.push((seq, entry.clone()));
-                applied.effects.push(Effect::Audit(Box::new(entry)));
+                applied.effects.push(Effect::Audit(Box::new(entry.clone())));
+                journaled_entry = Some(entry);
             } else {
                 unjournaled = Some(entry);
             }
@@ -170,6 +171,11 @@ impl Shared {
                 // The state already changed: without its record nothing after it is safe.
                 self.fail(e.to_string());
                 return Err(StoreError::Unavailable(e.to_string()));
+            }
+            // Only an entry whose frame is in the buffer: never one without its record.
+            if let Some(entry) = journaled_entry {
+                let seq = ledger.next_seq;
+                ledger.history.push((seq, entry));
             }
             ledger.next_seq += 1;
             if was_idle && wake_syncer {
