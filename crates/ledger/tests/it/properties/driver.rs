@@ -5,9 +5,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::properties::model::{apply, Command, Outcome, Step as Applied};
 use ledger::{
-    Action, Actor, BulkTenants, Commit, Decide, Extend, Funding, Idempotency, Millis, NewApiKey,
-    NewBudget, NewTenant, RecordEvent, Release, Reserve, State, Subject, TenantFilter, TenantPatch,
-    Unit, TERMINAL_RETENTION_MS,
+    Action, Actor, BudgetFilter, BulkBudgets, BulkTenants, Commit, Decide, Extend, Funding,
+    Idempotency, Millis, NewApiKey, NewBudget, NewTenant, RecordEvent, Release, Reserve, State,
+    Subject, TenantFilter, TenantPatch, Unit, TERMINAL_RETENTION_MS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -142,6 +142,7 @@ pub fn namespace(command: &Command) -> Option<(Namespace, &Idempotency)> {
         Command::Extend(c) => Some((("extend", c.reservation_id.clone()), &c.idem)),
         Command::FundBudget { fund, .. } => fund.idem.as_ref().map(|i| (global("fund"), i)),
         Command::BulkTenants(c) => Some((global("tenants-bulk"), &c.idem)),
+        Command::BulkBudgets(c) => Some((global("budgets-bulk"), &c.idem)),
         _ => None,
     }
 }
@@ -156,6 +157,7 @@ fn idem_mut(command: &mut Command) -> Option<&mut Idempotency> {
         Command::Extend(c) => Some(&mut c.idem),
         Command::FundBudget { fund, .. } => fund.idem.as_mut(),
         Command::BulkTenants(c) => Some(&mut c.idem),
+        Command::BulkBudgets(c) => Some(&mut c.idem),
         _ => None,
     }
 }
@@ -427,7 +429,32 @@ impl Driver {
                 operation,
                 amount,
                 spent,
+                bulk: true,
+                ..
+            } => Command::BulkBudgets(BulkBudgets {
+                actor: Actor::Admin,
+                tenant_id: TENANT.into(),
+                filter: BudgetFilter {
+                    scope_prefix: Some(BUDGET_SCOPES[*scope].into()),
+                    ..BudgetFilter::default()
+                },
+                operation: *operation,
+                unit: UNIT,
+                amount: self.resolve(amount, &[BUDGET_SCOPES[*scope].into()], UNIT),
+                spent: *spent,
+                expected_count: None,
+                idem: Idempotency {
+                    key: self.fresh("bulk").into(),
+                    fingerprint: [0; 32],
+                },
+            }),
+            Op::Fund {
+                scope,
+                operation,
+                amount,
+                spent,
                 key,
+                bulk: false,
             } => Command::FundBudget {
                 actor: Actor::Admin,
                 fund: Funding {

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use ledger::{
-    Actor, ApiKey, Applied, Budget, BulkResult, BulkTenants, Commit, CommitResult, CreateApiKey,
-    CreateBudget, CreateTenant, Decide, DecideResult, EventResult, Extend, ExtendResult,
-    FundBudget, FundResult, Funding, Idempotent, Maintain, Millis, NewApiKey, NewBudget, NewTenant,
-    RecordEvent, Release, ReleaseResult, Reserve, ReserveResult, State, Tenant, TenantPatch,
-    UpdateTenant,
+    Actor, ApiKey, Applied, Budget, BulkBudgets, BulkResult, BulkTenants, Commit, CommitResult,
+    CreateApiKey, CreateBudget, CreateTenant, Decide, DecideResult, EventResult, Extend,
+    ExtendResult, FundBudget, FundResult, Funding, Idempotent, Maintain, Millis, NewApiKey,
+    NewBudget, NewTenant, RecordEvent, Release, ReleaseResult, Reserve, ReserveResult, State,
+    Tenant, TenantPatch, UpdateTenant,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +45,7 @@ pub enum Command {
         limit: usize,
     },
     BulkTenants(BulkTenants),
+    BulkBudgets(BulkBudgets),
 }
 
 /// What an operation answered, by kind.
@@ -161,6 +162,7 @@ pub fn apply(state: &mut State, command: Command, now: Millis) -> Step {
             run(state, CreateBudget { actor, budget }, now, Outcome::Budget)
         }
         Command::BulkTenants(op) => run(state, op, now, replayable!(Bulk)),
+        Command::BulkBudgets(op) => run(state, op, now, replayable!(Bulk)),
         Command::Maintain { limit } => {
             run(state, Maintain { limit }, now, |m| Outcome::Maintained {
                 expired: m.expired,

@@ -115,12 +115,14 @@ pub enum Op {
         estimate: Quantity,
         key: Key,
     },
+    /// With `bulk`, as a bulk action over the scope and every budget below it.
     Fund {
         scope: usize,
         operation: FundingOp,
         amount: Quantity,
         spent: Option<i64>,
         key: Option<Key>,
+        bulk: bool,
     },
     Maintain {
         limit: usize,
@@ -315,13 +317,15 @@ fn op() -> impl Strategy<Value = Op> {
         quantity(12),
         prop::option::of(0..=5_000_000i64),
         prop::option::of(key()),
+        prop::bool::weighted(0.25),
     )
-        .prop_map(|(scope, operation, amount, spent, key)| Op::Fund {
+        .prop_map(|(scope, operation, amount, spent, key, bulk)| Op::Fund {
             scope,
             operation,
             amount,
             spent,
             key,
+            bulk,
         });
     let maintain =
         prop_oneof![0..=3usize, Just(usize::MAX)].prop_map(|limit| Op::Maintain { limit });

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 
 use crate::properties::model::{Command, Outcome};
 use ledger::{
-    Balance, Budget, Funding, FundingOp, OveragePolicy, Rejection, ReservationStatus, State,
+    Balance, Budget, BulkBudgets, BulkResult, Funding, FundingOp, OveragePolicy, Rejection,
+    ReservationStatus, State,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -53,7 +54,7 @@ impl Accounts {
                     prop_assert_eq!(b.remaining, b.allocated);
                     self.allocated.insert(b.scope.to_string(), b.allocated);
                 }
-                Some(_) if funded.as_deref() == Some(&*b.scope) => {}
+                Some(_) if funded.contains(&*b.scope) => {}
                 Some(old) => {
                     let spent_and_debt = |b: &Budget| i128::from(b.spent) + i128::from(b.debt);
                     let actual = Delta {
@@ -100,9 +101,20 @@ impl Accounts {
         Ok(())
     }
 
-    /// A fresh funding outcome changes exactly its budget, exactly as the operation says.
-    /// Returns the funded scope.
-    fn check_funding(&mut self, step: &Step) -> Result<Option<String>, TestCaseError> {
+    /// A fresh funding outcome changes exactly its budget, exactly as the operation says;
+    /// a fresh bulk funding changes each row it reports succeeded that way and no other.
+    /// Returns the funded scopes.
+    fn check_funding(&mut self, step: &Step) -> Result<BTreeSet<String>, TestCaseError> {
+        if let (
+            Command::BulkBudgets(bulk),
+            Ok(Outcome::Bulk {
+                result,
+                replayed: false,
+            }),
+        ) = (step.command, &step.applied.result)
+        {
+            return self.check_bulk_funding(step, bulk, result);
+        }
         let (
             Command::FundBudget { fund, .. },
             Ok(Outcome::Funded {
@@ -111,7 +123,7 @@ impl Accounts {
             }),
         ) = (step.command, &step.applied.result)
         else {
-            return Ok(None);
+            return Ok(BTreeSet::new());
         };
         let key = budget_key(&fund.scope, fund.unit);
         let old = step.before.budget(&key).expect("funded budget existed");
@@ -126,7 +138,59 @@ impl Accounts {
         if matches!(fund.operation, FundingOp::Reset | FundingOp::ResetSpent) {
             self.reset.insert(new.scope.to_string());
         }
-        Ok(Some(new.scope.to_string()))
+        Ok(BTreeSet::from([new.scope.to_string()]))
+    }
+
+    fn check_bulk_funding(
+        &mut self,
+        step: &Step,
+        bulk: &BulkBudgets,
+        result: &BulkResult,
+    ) -> Result<BTreeSet<String>, TestCaseError> {
+        let mut funded = BTreeSet::new();
+        for old in step.before.budgets() {
+            let succeeded = result.succeeded.iter().any(|id| **id == *old.ledger_id);
+            let new = step
+                .after
+                .budget(&old.key())
+                .expect("a row is never removed");
+            if !succeeded {
+                prop_assert_eq!(
+                    Balance::from(new),
+                    Balance::from(old),
+                    "{} not a success",
+                    &old.scope
+                );
+                continue;
+            }
+            prop_assert!(
+                bulk.filter
+                    .scope_prefix
+                    .as_deref()
+                    .is_some_and(|p| *old.scope == *p || old.scope.starts_with(&format!("{p}/"))),
+                "{} is outside the filter",
+                &old.scope
+            );
+            let fund = Funding {
+                tenant_id: Some(bulk.tenant_id.clone()),
+                scope: old.scope.to_string(),
+                unit: bulk.unit,
+                operation: bulk.operation,
+                amount: bulk.amount,
+                spent: bulk.spent,
+                idem: None,
+            };
+            if fund.operation == FundingOp::Debit {
+                prop_assert!(old.remaining >= fund.amount, "debit below zero remaining");
+            }
+            prop_assert_eq!(Balance::from(new), expected_funding(old, &fund));
+            self.funded.insert(new.scope.to_string());
+            if matches!(fund.operation, FundingOp::Reset | FundingOp::ResetSpent) {
+                self.reset.insert(new.scope.to_string());
+            }
+            funded.insert(new.scope.to_string());
+        }
+        Ok(funded)
     }
 }
 

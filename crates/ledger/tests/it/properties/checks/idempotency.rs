@@ -29,7 +29,7 @@ impl Replays {
         };
         // A record is certainly still live within the minimum retention (a bulk action's is
         // shorter).
-        let retention = if ns.0 == "tenants-bulk" {
+        let retention = if matches!(ns.0, "tenants-bulk" | "budgets-bulk") {
             BULK_RETENTION
         } else {
             MIN_IDEMPOTENCY_RETENTION
