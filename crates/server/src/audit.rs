@@ -227,6 +227,17 @@ struct Notes {
     metadata: Map<String, Value>,
     /// The tenant the request acts for, when the request names it.
     tenant: Option<String>,
+    /// The resource a create names in its body, so that its refusal names it too.
+    resource: Option<String>,
+}
+
+/// Names the resource the current audited request acts on, when only its body says (a
+/// create): its entry names it even when the create is refused.
+pub fn about(resource_id: &str) {
+    if let Some(scope) = current() {
+        let mut notes = scope.notes.lock().unwrap_or_else(|e| e.into_inner());
+        notes.resource = Some(resource_id.to_string());
+    }
 }
 
 /// Adds `metadata` to the current audited request's entry, and the tenant it acts for when
@@ -418,6 +429,7 @@ impl AuditScope {
         let resource_id = made
             .detail
             .resource_id
+            .or(notes.resource)
             .or_else(|| self.path_resource.clone());
         let actor = match (made.authenticated, admin) {
             (true, true) if self.on_behalf_of(resource_id.as_deref()) => "admin_on_behalf_of",

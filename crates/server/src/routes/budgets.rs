@@ -62,6 +62,7 @@ pub async fn create_budget(
 ) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: BudgetCreateRequest = admin_body(&app, &actor, &bytes).await?;
+    crate::audit::about(&request.scope);
     let operation = CreateBudget {
         actor,
         budget: request.into_new(ids::ledger_id()),

@@ -51,6 +51,7 @@ pub async fn create_tenant(
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let request: TenantCreateRequest = admin_body(&app, &actor, &bytes).await?;
+    crate::audit::about(&request.tenant_id);
     let operation = CreateTenant {
         actor,
         tenant: request.into_new(),

@@ -362,8 +362,8 @@ async fn refusals_are_audited_with_their_code(engine: Engine) {
     r.expect(409, Some("DUPLICATE_RESOURCE"));
     let e = entry_of(&s, &r).await;
     assert_eq!(
-        (&e["tenant_id"], &e["resource_type"]),
-        (&json!("__admin__"), &json!("budget"))
+        (&e["tenant_id"], &e["resource_type"], &e["resource_id"]),
+        (&json!("__admin__"), &json!("budget"), &json!("tenant:acme"))
     );
     // A tenant key (unknown) where the admin key is needed: no caller.
     let r = s
