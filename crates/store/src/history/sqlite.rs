@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ledger::{AuditEntry, AuditPage, AuditQuery, AuditSort, Millis, SortValue, StatusFilter};
 use ledger::{Position, UNAUTH_TENANT};
 use rusqlite::types::Value;
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::History;
 
@@ -71,8 +71,10 @@ const COLUMNS: &str = "seq, log_id, ts, tenant_id, key_id, user_agent, source_ip
     resource_type, resource_id, request_id, trace_id, status, error_code, metadata";
 
 pub struct SqliteHistory {
-    writer: Mutex<Connection>,
-    reader: Mutex<Connection>,
+    writer: Arc<Mutex<Connection>>,
+    /// A second connection on a file (WAL: reads never wait for the writer); the writer's own
+    /// in memory, where there is nothing to share between connections.
+    reader: Arc<Mutex<Connection>>,
     /// The held sequence number, as last written (read without touching the file).
     held: AtomicU64,
     /// Audit entries held: counted once at open, then kept by appends and retention.
@@ -104,27 +106,17 @@ impl SqliteHistory {
         writer
             .pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)
             .map_err(sql_error)?;
-        Self::with(writer, open()?)
+        Self::with(writer, Some(open()?))
     }
 
     /// A history that lives in memory, for an engine that keeps nothing on disk.
     pub fn in_memory() -> io::Result<Self> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "file:cycles-history-{}-{}?mode=memory&cache=shared",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let open = || Connection::open_with_flags(&name, flags).map_err(sql_error);
-        Self::with(open()?, open()?)
+        Self::with(Connection::open_in_memory().map_err(sql_error)?, None)
     }
 
-    fn with(writer: Connection, reader: Connection) -> io::Result<Self> {
-        for c in [&writer, &reader] {
+    /// With `reader` `None`, reads share the writer's connection.
+    fn with(writer: Connection, reader: Option<Connection>) -> io::Result<Self> {
+        for c in std::iter::once(&writer).chain(&reader) {
             c.pragma_update(None, "cache_size", -CACHE_KIB)
                 .map_err(sql_error)?;
             c.busy_timeout(std::time::Duration::from_secs(10))
@@ -152,9 +144,13 @@ impl SqliteHistory {
             }
         }
         let entries: u64 = statuses.values().sum();
+        let writer = Arc::new(Mutex::new(writer));
         Ok(SqliteHistory {
-            writer: Mutex::new(writer),
-            reader: Mutex::new(reader),
+            reader: match reader {
+                Some(reader) => Arc::new(Mutex::new(reader)),
+                None => writer.clone(),
+            },
+            writer,
             held: AtomicU64::new(held as u64),
             entries: AtomicU64::new(entries),
             statuses: Mutex::new(statuses),
