@@ -5,8 +5,9 @@
 // week) and reservations (two active, one committed) through the API, then performs every
 // operator action of the Overview, Tenants, API keys, Budgets and Reservations pages the way
 // an operator does: filters, column sorts, row actions, row-select and by-filter bulk actions,
-// the budget detail's fund, edit, freeze and unfreeze. After each action it asserts what the
-// page shows and reads the server's state back through the API. Last, the Audit page: every
+// the budget detail's fund (all five operations), edit, freeze and unfreeze. After each action
+// it asserts what the page shows and reads the server's state back through the API. Last, the
+// Audit page: every
 // write the test made, through the page or the API, must have exactly one entry there (and
 // nothing else one), and the page's filters, sort, paging, row detail and the Activity
 // drill-downs of the other pages must show what the server lists. Every response of 400 or more
@@ -964,7 +965,48 @@ async function figuresMatchServer(b) {
   return server;
 }
 
-async function budgetsPage() {
+/** A budget's balances, as amounts: allocated, remaining, reserved, spent, debt. */
+function balances(b) {
+  return Object.fromEntries(['allocated', 'remaining', 'reserved', 'spent', 'debt']
+    .map((f) => [f, b[f]?.amount ?? 0]));
+}
+
+// The detail's fund dialog: the operation, its confirmation toast.
+const FUND_TOASTS = {
+  CREDIT: 'Budget credited', DEBIT: 'Budget debited', RESET: 'Budget allocation reset',
+  RESET_SPENT: 'Budget spent reset', REPAY_DEBT: 'Debt repaid',
+};
+
+/**
+ * Funds budget `b` from its detail page's dialog with `operation`, `amount` (left as the
+ * dialog pre-fills it when undefined), `spent` (RESET_SPENT's override) and `reason`; checks
+ * the request the page sent, its toast, and that the card then shows the server's figures.
+ * Answers the balances before and after, as the server has them.
+ */
+async function fundFromDetail(b, { operation, amount, spent, reason }) {
+  const before = balances(await budget(b.scope, b.unit));
+  await button('Fund Budget').click();
+  const form = dialog('Fund Budget');
+  await form.locator('#fund-op').selectOption(operation);
+  if (amount !== undefined) await form.locator('#fund-amount').fill(String(amount));
+  const sentAmount = Number(await form.locator('#fund-amount').inputValue());
+  if (spent !== undefined) await form.locator('#fund-spent').fill(String(spent));
+  await form.locator('#fund-reason').fill(reason);
+  await screenshot(`budget-detail-fund-${slug(operation)}-form`);
+  const { sent, url } = await posted('/v1/admin/budgets/fund',
+    () => button('Execute', form).click());
+  same(`the ${operation} request`, [url.searchParams.get('tenant_id'),
+    url.searchParams.get('scope'), url.searchParams.get('unit'), sent.operation, sent.amount,
+    sent.spent, sent.reason], [b.tenant, b.scope, b.unit, operation,
+    { unit: b.unit, amount: sentAmount },
+    spent === undefined ? undefined : { unit: b.unit, amount: spent }, reason]);
+  await sees(FUND_TOASTS[operation]);
+  await form.waitFor({ state: 'hidden' });
+  const after = balances(await figuresMatchServer(b));
+  return { before, after, sentAmount };
+}
+
+async function budgetsPage({ acmeKey }) {
   await step('budgets: the seeded budgets are listed', async () => {
     await navigate('Budgets', 'Budgets');
     await until('the listed budgets', async () => sorted(await budgetRows()), sorted(OPEN_BUDGETS));
@@ -1157,6 +1199,64 @@ async function budgetsPage() {
       (await budget(B.acme.scope)).status === 'ACTIVE');
     await button('Fund Budget').waitFor();
   });
+
+  // The other four funding operations, on acme's budget: each moves exactly the balances the
+  // operation names, and the card shows the server's new figures.
+  await step('budget detail: DEBIT through the fund dialog', async () => {
+    const { before, after } = await fundFromDetail(B.acme,
+      { operation: 'DEBIT', amount: 500_000, reason: 'Unused quota returned' });
+    same('the balances after the debit', after, { ...before,
+      allocated: before.allocated - 500_000, remaining: before.remaining - 500_000 });
+    await screenshot('budget-detail-debited');
+  });
+
+  await step('budget detail: RESET the allocation through the fund dialog', async () => {
+    const { before, after } = await fundFromDetail(B.acme,
+      { operation: 'RESET', amount: 3_000_000, reason: 'New plan ceiling' });
+    same('the balances after the reset', after, { ...before, allocated: 3_000_000,
+      remaining: 3_000_000 - before.reserved - before.spent - before.debt });
+    await screenshot('budget-detail-reset');
+  });
+
+  await step('budget detail: REPAY_DEBT of a debt an overdrawn event made', async () => {
+    // Spend 150 000 past the remaining under ALLOW_WITH_OVERDRAFT (the budget's overdraft
+    // limit is 250 000 since the edit): what the remaining covered is spent, the rest is
+    // debt, and the remaining goes below zero by as much.
+    const start = balances(await budget(B.acme.scope));
+    same('no debt yet', start.debt, 0);
+    await api('POST', '/v1/events', { key: acmeKey, body: {
+      idempotency_key: `dashboard-seed-${randomUUID()}`, subject: { tenant: 'acme' },
+      action: { kind: 'llm.completion', name: 'gpt-4o-mini' },
+      actual: { unit: UNIT, amount: start.remaining + 150_000 },
+      overage_policy: 'ALLOW_WITH_OVERDRAFT',
+    } });
+    const overdrawn = balances(await budget(B.acme.scope));
+    same('the balances after the overdrawn event', overdrawn, { ...start, remaining: -150_000,
+      spent: start.spent + start.remaining, debt: 150_000 });
+    await button('Refresh').click();
+    await figuresMatchServer(B.acme);
+    await screenshot('budget-detail-in-debt');
+
+    const { before, after } = await fundFromDetail(B.acme,
+      { operation: 'REPAY_DEBT', amount: 100_000, reason: 'Settle overage' });
+    same('the balances after repaying part of the debt', after, { ...before,
+      debt: before.debt - 100_000, remaining: before.remaining + 100_000 });
+    same('the debt left', after.debt, 50_000);
+    await screenshot('budget-detail-debt-repaid');
+  });
+
+  await step('budget detail: RESET_SPENT (billing-period rollover) with a spent override',
+    async () => {
+      // The dialog pre-fills the allocation for the new period with the current one; the
+      // override is sent as `spent`. Reserved and debt carry over.
+      const { before, after, sentAmount } = await fundFromDetail(B.acme,
+        { operation: 'RESET_SPENT', spent: 25_000, reason: 'New billing period' });
+      same('the pre-filled allocation', sentAmount, before.allocated);
+      same('the balances after the rollover', after, { ...before, spent: 25_000,
+        remaining: before.allocated - 25_000 - before.reserved - before.debt });
+      if (after.debt === 0) throw new Error('the rollover forgave the debt');
+      await screenshot('budget-detail-reset-spent');
+    });
 
   await step('budgets: bulk CREDIT of a tenant\'s ACTIVE budgets, by filter', async () => {
     await button('Back to budgets').click();
@@ -1790,7 +1890,7 @@ async function run() {
   await tenantsPage();
   await tenantDetail();
   await apiKeysPage();
-  await budgetsPage();
+  await budgetsPage(seeded);
   await reservationsPage(seeded);
   await auditPage(seeded);
 }
