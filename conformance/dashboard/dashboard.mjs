@@ -4,10 +4,10 @@
 // two in debt, one of those over its overdraft limit), API keys (one expiring within the
 // week) and reservations (two active, one committed) through the API, then performs every
 // operator action of the Overview, Tenants, API keys, Budgets and Reservations pages the way
-// an operator does: filters, column sorts, row actions, row-select and by-filter bulk actions,
-// the budget detail's fund (all five operations), edit, freeze and unfreeze. After each action
-// it asserts what the page shows and reads the server's state back through the API. Last, the
-// Audit page: every
+// an operator does: filters (the tenants' parent filter too), column sorts, row actions,
+// row-select and by-filter bulk actions, the budget detail's fund (all five operations), edit,
+// freeze and unfreeze. After each action it asserts what the page shows and reads the server's
+// state back through the API. Last, the Audit page: every
 // write the test made, through the page or the API, must have exactly one entry there (and
 // nothing else one), and the page's filters, sort, paging, row detail and the Activity
 // drill-downs of the other pages must show what the server lists. Every response of 400 or more
@@ -703,6 +703,60 @@ async function tenantsPage() {
     // The form opens the new tenant's page.
     await page.waitForURL('**/tenants/umbrella');
   });
+
+  await step('tenants: create a child tenant under a parent through the form', async () => {
+    await navigate('Tenants', 'Tenants');
+    await button('Create Tenant').click();
+    const form = dialog('Create Tenant');
+    await form.locator('#ct-id').fill('acme-labs');
+    await form.locator('#ct-name').fill('Acme Labs');
+    await form.locator('#ct-parent').selectOption('acme');
+    const { sent } = await posted('/v1/admin/tenants',
+      () => button('Create Tenant', form).click());
+    same('the create request', [sent.tenant_id, sent.name, sent.parent_tenant_id],
+      ['acme-labs', 'Acme Labs', 'acme']);
+    await sees("Tenant 'Acme Labs' created");
+    const created = await api('GET', '/v1/admin/tenants/acme-labs');
+    same('the child tenant', [created.name, created.status, created.parent_tenant_id],
+      ['Acme Labs', 'ACTIVE', 'acme']);
+    await page.waitForURL('**/tenants/acme-labs');
+  });
+
+  // The open tenants now: the seeded ones, the created one and its child.
+  const openTenants = sorted([...OPEN_TENANTS, 'umbrella', 'acme-labs']);
+
+  await step('tenants: the parent filter, from its dropdown and from a Children count',
+    async () => {
+      await navigate('Tenants', 'Tenants');
+      await until('the open tenants', async () => sorted(await tenantRows()), openTenants);
+      // Client-side, over what the page loaded; the server answers the same for
+      // parent_tenant_id.
+      const parent = page.getByLabel('Filter by parent tenant', { exact: true });
+      await parent.selectOption({ label: 'Children of: Acme Corp' });
+      await until('the children of acme', tenantRows, ['acme-labs']);
+      same('the URL', new URL(page.url()).searchParams.get('parent'), 'acme');
+      same('the server\'s children of acme',
+        (await api('GET', '/v1/admin/tenants?parent_tenant_id=acme')).tenants
+          .map((t) => t.tenant_id), ['acme-labs']);
+      same('the child row\'s parent cell', (await rowCells())[0][3], 'Acme Corp');
+      await screenshot('tenants-children-of-acme');
+
+      await parent.selectOption('__root__');
+      const all = (await api('GET', '/v1/admin/tenants?limit=100')).tenants;
+      const roots = sorted(all.filter((t) => !t.parent_tenant_id && t.status !== 'CLOSED')
+        .map((t) => t.tenant_id));
+      same('the server\'s open root-level tenants', roots,
+        openTenants.filter((id) => id !== 'acme-labs'));
+      await until('the root-level tenants', async () => sorted(await tenantRows()), roots);
+      await screenshot('tenants-root-level');
+
+      await parent.selectOption('');
+      await until('the open tenants again', async () => sorted(await tenantRows()), openTenants);
+      // acme's Children cell filters the list to them.
+      await button('Filter list to 1 children of Acme Corp').click();
+      await until('the children of acme, from the count', tenantRows, ['acme-labs']);
+      same('the parent filter', await parent.inputValue(), 'acme');
+    });
 }
 
 /**
@@ -1664,9 +1718,9 @@ async function auditPage({ acmeKey, reservations: r }) {
   await step('audit: the operation, tenant and resource type filters', async () => {
     const ops = await auditQuery({ operation: 'createTenant, createApiKey' }, 'All',
       { operation: 'createTenant,createApiKey' });
-    // Five tenants and five keys created, and the two refused creates.
+    // Six tenants and five keys created, and the two refused creates.
     same('created tenants and keys', sorted(ops.logs.map((e) => `${e.operation} ${e.status}`)),
-      sorted([...Array(5).fill('createApiKey 201'), ...Array(5).fill('createTenant 201'),
+      sorted([...Array(5).fill('createApiKey 201'), ...Array(6).fill('createTenant 201'),
         'createTenant 401', 'createTenant 409']));
     await screenshot('audit-operation');
 
