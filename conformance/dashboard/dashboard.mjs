@@ -6,8 +6,9 @@
 // operator action of the Overview, Tenants, API keys, Budgets and Reservations pages the way
 // an operator does: filters (the tenants' parent filter too), column sorts, row actions,
 // row-select and by-filter bulk actions, the budget detail's fund (all five operations), edit,
-// freeze and unfreeze. After each action it asserts what the page shows and reads the server's
-// state back through the API. Last, the Audit page: every
+// freeze and unfreeze, and the lists' Export CSV / Export JSON (the downloaded file must hold
+// exactly the rows the page shows, as the server has them). After each action it asserts what
+// the page shows and reads the server's state back through the API. Last, the Audit page: every
 // write the test made, through the page or the API, must have exactly one entry there (and
 // nothing else one), and the page's filters, sort, paging, row detail and the Activity
 // drill-downs of the other pages must show what the server lists. Every response of 400 or more
@@ -22,7 +23,7 @@
 //   CHROMIUM               the browser (default: /usr/bin/chromium)
 
 import { randomUUID } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
@@ -472,6 +473,73 @@ function amount(n) {
   return n.toLocaleString(LOCALE);
 }
 
+/**
+ * Exports the page's list as `format` (csv or json) from its header's button and the confirm
+ * dialog headed `heading`, and captures the download; answers its file name and text.
+ */
+async function exportList(format, heading, shot) {
+  const label = `Export ${format.toUpperCase()}`;
+  await button(label).click();
+  const confirm = page.locator('div.fixed.inset-0').filter({
+    has: page.getByRole('heading', { name: heading, exact: true }),
+  });
+  await confirm.waitFor();
+  await screenshot(shot);
+  const downloaded = page.waitForEvent('download');
+  await button(label, confirm).click();
+  const download = await downloaded;
+  const failure = await download.failure();
+  if (failure) throw new Error(`the ${format} download failed: ${failure}`);
+  const text = readFileSync(await download.path(), 'utf8');
+  const name = download.suggestedFilename();
+  if (!new RegExp(`^[a-z-]+-\\d{4}-\\d{2}-\\d{2}\\.${format}$`).test(name)) {
+    throw new Error(`the export is named ${name}`);
+  }
+  return { name, text };
+}
+
+/** The rows of a CSV export (every field quoted, a quote doubled), as objects by header. */
+function csvRecords(text) {
+  const rows = [];
+  let row = [];
+  let field = '';
+  let quoted = false;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text[i];
+    if (quoted) {
+      if (c === '"' && text[i + 1] === '"') {
+        field += '"';
+        i += 1;
+      } else if (c === '"') {
+        quoted = false;
+      } else {
+        field += c;
+      }
+    } else if (c === '"') {
+      quoted = true;
+    } else if (c === ',') {
+      row.push(field);
+      field = '';
+    } else if (c === '\n') {
+      row.push(field);
+      rows.push(row);
+      row = [];
+      field = '';
+    } else {
+      field += c;
+    }
+  }
+  row.push(field);
+  rows.push(row);
+  const [header, ...body] = rows;
+  return body.map((cells) => {
+    if (cells.length !== header.length) {
+      throw new Error(`a CSV row has ${cells.length} fields, not ${header.length}`);
+    }
+    return Object.fromEntries(header.map((name, i) => [name, cells[i]]));
+  });
+}
+
 // ---------------------------------------------------------------------------------------
 // Login and Overview
 // ---------------------------------------------------------------------------------------
@@ -757,6 +825,30 @@ async function tenantsPage() {
       await until('the children of acme, from the count', tenantRows, ['acme-labs']);
       same('the parent filter', await parent.inputValue(), 'acme');
     });
+
+  await step('tenants: Export JSON of the filtered list, Export CSV of the whole list',
+    async () => {
+      // Still filtered to acme's children: the export holds what the page shows.
+      const json = await exportList('json', 'Export tenants?', 'tenants-export-json');
+      const child = await api('GET', '/v1/admin/tenants/acme-labs');
+      same('the exported children of acme', JSON.parse(json.text).map((t) =>
+        [t.tenant_id, t.name, t.parent_tenant_id, t.status, t.created_at]),
+      [[child.tenant_id, child.name, child.parent_tenant_id, child.status, child.created_at]]);
+
+      await page.getByLabel('Filter by parent tenant', { exact: true }).selectOption('');
+      await until('the open tenants again', async () => sorted(await tenantRows()), openTenants);
+      const shown = await tenantRows();
+      const csv = csvRecords((await exportList('csv', 'Export tenants?', 'tenants-export-csv'))
+        .text);
+      same('the exported tenants, in the page\'s order', csv.map((r) => r.tenant_id), shown);
+      const server = new Map((await api('GET', '/v1/admin/tenants?limit=100')).tenants
+        .map((t) => [t.tenant_id, t]));
+      same('the exported rows', csv.map((r) => [r.tenant_id, r.name, r.parent_tenant_id,
+        r.status, r.created_at]), shown.map((id) => {
+        const t = server.get(id);
+        return [t.tenant_id, t.name, t.parent_tenant_id ?? '', t.status, t.created_at];
+      }));
+    });
 }
 
 /**
@@ -954,6 +1046,26 @@ async function apiKeysPage() {
       await screenshot(`api-keys-${value.toLowerCase()}`);
     }
     await status.selectOption('');
+  });
+
+  await step('api keys: Export CSV of every key shown, revoked ones too', async () => {
+    const all = [...SEEDED_KEYS, 'browser-key-renamed'];
+    await until('every key, the revoked one too', async () => sorted(await keyRows()),
+      sorted(all));
+    const shown = await keyRows();
+    const csv = csvRecords((await exportList('csv', 'Export API keys?', 'api-keys-export-csv'))
+      .text);
+    same('the exported keys, in the page\'s order', csv.map((r) => r.name), shown);
+    const server = new Map((await serverKeys()).map((k) => [k.key_id, k]));
+    same('every key the server has, exported once', sorted(csv.map((r) => r.key_id)),
+      sorted([...server.keys()]));
+    same('the exported rows', csv.map((r) => [r.name, r.tenant_id, r.status, r.created_at,
+      r.expires_at]), csv.map((r) => {
+      const k = server.get(r.key_id);
+      return [k.name, k.tenant_id, k.status, k.created_at, k.expires_at ?? ''];
+    }));
+    same('the revoked key\'s row', csv.find((r) => r.name === 'browser-key-renamed').status,
+      'REVOKED');
   });
 }
 
@@ -1353,6 +1465,24 @@ async function budgetsPage({ acmeKey }) {
         before[2].allocated.amount]);
     await screenshot('budgets-bulk-credited');
   });
+
+  await step('budgets: Export CSV of a tenant\'s budgets, with the ledgers\' figures', async () => {
+    // Still filtered to acme: its three budgets, with the balances the funding steps left.
+    const shown = await budgetRows();
+    same('the rows shown', sorted(shown), sorted([B.acme, B.prod, B.staging].map((b) => b.label)));
+    const csv = csvRecords((await exportList('csv', 'Export budgets?', 'budgets-export-csv')).text);
+    same('the exported budgets, in the page\'s order', csv.map((r) => label(r.scope, r.unit)),
+      shown);
+    const fields = (b) => [b.tenant_id, b.scope, b.unit, b.status, String(b.allocated.amount),
+      String(b.remaining.amount), String(b.spent?.amount ?? 0), String(b.debt?.amount ?? 0),
+      String(!!b.is_over_limit), b.commit_overage_policy ?? ''];
+    same('the exported figures', csv.map((r) => [r.tenant_id, r.scope, r.unit, r.status,
+      r.allocated_amount, r.remaining_amount, r.spent_amount, r.debt_amount, r.is_over_limit,
+      r.commit_overage_policy]),
+    (await Promise.all(csv.map((r) => budget(r.scope, r.unit)))).map(fields));
+    same('acme\'s exported debt and spent', [csv.find((r) => r.scope === B.acme.scope)
+      .debt_amount, csv.find((r) => r.scope === B.acme.scope).spent_amount], ['50000', '25000']);
+  });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1432,6 +1562,40 @@ async function reservationsPage({ reservations: r }) {
     await page.locator('#res-status').selectOption('RELEASED');
     await until('the RELEASED reservations', reservationRows, [r.small]);
     await screenshot('reservations-released');
+  });
+
+  await step('reservations: Export CSV of every status, Export JSON of the ACTIVE ones', async () => {
+    const every = sorted([r.small, r.large, r.committed]);
+    const answered = listed('/v1/reservations', { tenant: 'acme', status: null });
+    await page.locator('#res-status').selectOption('');
+    await answered;
+    await until('acme\'s reservations', async () => sorted(await reservationRows()), every);
+    const shown = await reservationRows();
+    const csv = csvRecords((await exportList('csv', 'Export reservations?',
+      'reservations-export-csv')).text);
+    same('the exported reservations, in the page\'s order', csv.map((x) => x.reservation_id),
+      shown);
+    const server = (await api('GET', `/v1/reservations?${query({ tenant: 'acme',
+      limit: '100' })}`)).reservations;
+    same('the server\'s reservations', sorted(server.map((x) => x.reservation_id)), every);
+    const byId = new Map(server.map((x) => [x.reservation_id, x]));
+    same('the exported rows', csv.map((x) => [x.scope_path, x.status, x.reserved_amount,
+      x.reserved_unit, x.created_at_ms, x.expires_at_ms]), csv.map((x) => {
+      const s = byId.get(x.reservation_id);
+      return [s.scope_path, s.status, String(s.reserved.amount), s.reserved.unit,
+        String(s.created_at_ms), String(s.expires_at_ms)];
+    }));
+    same('the exported statuses', Object.fromEntries(csv.map((x) => [x.reservation_id, x.status])),
+      Object.fromEntries(csv.map((x) => [x.reservation_id,
+        { [r.small]: 'RELEASED', [r.large]: 'ACTIVE', [r.committed]: 'COMMITTED' }[x.reservation_id]])));
+
+    const active = listed('/v1/reservations', { tenant: 'acme', status: 'ACTIVE' });
+    await page.locator('#res-status').selectOption('ACTIVE');
+    await active;
+    await until('acme\'s ACTIVE reservations', reservationRows, [r.large]);
+    const json = JSON.parse((await exportList('json', 'Export reservations?',
+      'reservations-export-json')).text);
+    same('the exported ACTIVE reservations', json, [byId.get(r.large)]);
   });
 }
 
@@ -1933,6 +2097,29 @@ async function auditPage({ acmeKey, reservations: r }) {
         'reservation');
     }
   });
+
+  await step('audit: Export JSON and Export CSV of every entry, every page of them',
+    async () => {
+      // More than a page: the export follows the cursor through the rest before it downloads.
+      const first = await auditQuery({}, 'All', {});
+      same('a first page with more', [first.logs.length, first.has_more], [50, true]);
+      const every = await allAuditLogs();
+      await sees('50 log entries loaded (more available)');
+      const json = JSON.parse((await exportList('json', 'Export log entries?',
+        'audit-export-json')).text);
+      same('the exported entries\' log ids, newest first', json.map((e) => e.log_id),
+        every.map((e) => e.log_id));
+      same('the exported entries', json, every);
+
+      const csv = csvRecords((await exportList('csv', 'Export log entries?', 'audit-export-csv'))
+        .text);
+      same('the exported rows', csv.map((x) => [x.request_id, x.operation, x.resource_type,
+        x.resource_id, x.tenant_id, x.status, x.error_code]),
+      every.map((e) => [e.request_id, e.operation, e.resource_type ?? '', e.resource_id ?? '',
+        e.tenant_id, String(e.status), e.error_code ?? '']));
+      // The page still shows the first page only.
+      await sees('50 log entries loaded (more available)');
+    });
 }
 
 async function run() {
