@@ -202,7 +202,7 @@ fn admin_key(data_dir: &Path, given: Option<String>) -> anyhow::Result<(String, 
             return Ok((key, format!("Admin key: stored in {}", path.display())));
         }
     }
-    fs::create_dir_all(data_dir)?;
+    store::embedded::create_private_dir(data_dir)?;
     let key = format!(
         "cyc_admin_{}",
         server::new_key_secret().trim_start_matches("cyc_live_")

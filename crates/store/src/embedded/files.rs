@@ -1,11 +1,29 @@
 //! File naming and durable-file helpers shared by the journal and snapshots.
 
-use std::fs::{self, File};
+use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
 /// The on-disk format version written in every file header.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// Creates `dir` and any missing parent owner-only (`0700`): a data directory holds every
+/// tenant's ledgers, the key digests and the audit log. One that exists is left as it is.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    let mut builder = DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// Open options for the data directory's files: created owner read/write only (`0600`).
+pub fn private_file() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
+}
 
 pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
     dir.join(format!("journal-{first_seq:020}.log"))

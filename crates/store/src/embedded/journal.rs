@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use ledger::{Effect, Millis};
 use serde::{Deserialize, Serialize};
 
-use super::files::{segment_path, sync_dir, FORMAT_VERSION};
+use super::files::{private_file, segment_path, sync_dir, FORMAT_VERSION};
 
 const MAGIC: &[u8; 4] = b"CYCJ";
 pub const HEADER_LEN: u64 = 8;
@@ -94,10 +94,7 @@ impl JournalWriter {
     /// Starts a new segment whose first record will be `first_seq`.
     pub fn create(dir: &Path, first_seq: u64) -> io::Result<Self> {
         let path = segment_path(dir, first_seq);
-        let mut file = OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .open(&path)?;
+        let mut file = private_file().create_new(true).write(true).open(&path)?;
         let mut header = Vec::with_capacity(HEADER_LEN as usize);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());

@@ -6,12 +6,13 @@
 
 mod commit;
 mod files;
+pub use files::{create_private_dir, private_file};
 pub mod journal;
 mod recovery;
 pub mod snapshot;
 mod waiters;
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -212,8 +213,8 @@ fn open_durable(
     config: &EmbeddedConfig,
 ) -> io::Result<(State, JournalWriter, File, OpenReport, Projector)> {
     let dir = &config.data_dir;
-    fs::create_dir_all(dir)?;
-    let lock = OpenOptions::new()
+    create_private_dir(dir)?;
+    let lock = private_file()
         .create(true)
         .truncate(false)
         .write(true)

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use ledger::SnapshotData;
 use serde::Serialize;
 
-use super::files::{list_segments, list_snapshots, snapshot_path, sync_dir, FORMAT_VERSION};
+use super::files::{
+    list_segments, list_snapshots, private_file, snapshot_path, sync_dir, FORMAT_VERSION,
+};
 
 const MAGIC: &[u8; 4] = b"CYCS";
 /// Magic, version, seq, payload length, payload CRC32C.
@@ -23,7 +25,11 @@ const HEADER_LEN: u64 = 4 + 4 + 8 + 8 + 4;
 pub fn write_snapshot<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Result<PathBuf> {
     let path = snapshot_path(dir, seq);
     let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp)?;
+    let mut file = private_file()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
     let mut header = Vec::with_capacity(HEADER_LEN as usize);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());

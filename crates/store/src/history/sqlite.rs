@@ -94,6 +94,14 @@ fn lock(connection: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
 
 impl SqliteHistory {
     pub fn open(path: &Path) -> io::Result<Self> {
+        // Created owner-only, like the rest of the data directory; SQLite gives its WAL and
+        // shared-memory files the database file's permissions.
+        if !path.exists() {
+            crate::embedded::private_file()
+                .write(true)
+                .create_new(true)
+                .open(path)?;
+        }
         let open = || Connection::open(path).map_err(sql_error);
         let writer = open()?;
         writer

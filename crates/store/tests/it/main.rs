@@ -2,4 +2,5 @@
 
 mod compat;
 mod history;
+mod privacy;
 mod recovery;
