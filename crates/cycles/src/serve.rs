@@ -82,13 +82,28 @@ pub struct ServeArgs {
     /// Log filter (e.g. info, debug, server=debug).
     #[arg(long, env = "CYCLES_LOG", default_value = "info")]
     log: String,
+    /// Log lines as text (coloured only on a terminal) or as one JSON object each.
+    #[arg(long, env = "CYCLES_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        // Colour codes only where a person reads them, never in a file or a collector.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
     disable_transparent_huge_pages();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

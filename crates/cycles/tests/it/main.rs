@@ -3,4 +3,5 @@
 mod admin_cli;
 mod audit_crash;
 mod crash;
+mod logs;
 mod process;
