@@ -96,6 +96,8 @@ pub struct OpenReport {
     /// Audit entries taken from the journal into the history store at start (those a crash
     /// left on their way).
     pub audit_reprojected: usize,
+    /// Audit entries deleted at start because the history store was ahead of the journal.
+    pub audit_trimmed: u64,
 }
 
 pub struct EmbeddedStore {
@@ -237,6 +239,20 @@ fn open_durable(
     if !backlog.is_empty() {
         projector.history().append(recovered.last_seq, &backlog)?;
     }
+    // Ahead of the journal: entries without their changes, which a restart must not keep.
+    let audit_trimmed = if held > recovered.last_seq {
+        let trimmed = projector.history().trim_after(recovered.last_seq)?;
+        tracing::warn!(
+            history_seq = held,
+            journal_seq = recovered.last_seq,
+            trimmed,
+            "the history store was ahead of the journal (restored from a later copy?): \
+             entries of records the journal does not hold were deleted"
+        );
+        trimmed
+    } else {
+        0
+    };
     let next_seq = recovered.last_seq + 1;
     let journal = match &recovered.tail_segment {
         Some((path, len)) if *len >= HEADER_LEN => JournalWriter::reopen(dir, path, *len)?,
@@ -253,6 +269,7 @@ fn open_durable(
         last_seq: recovered.last_seq,
         reservations: recovered.state.reservation_count(),
         audit_reprojected: backlog.len(),
+        audit_trimmed,
     };
     Ok((recovered.state, journal, lock, report, projector))
 }

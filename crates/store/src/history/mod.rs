@@ -81,6 +81,11 @@ pub trait History: Send + Sync + 'static {
         unauthenticated: Option<Millis>,
     ) -> io::Result<u64>;
 
+    /// Deletes the entries of journal records after `seq` and holds `seq`: for a history
+    /// store found ahead of its journal (restored from a copy taken after the journal's),
+    /// whose extra entries have no change beside them. Answers how many went.
+    fn trim_after(&self, seq: u64) -> io::Result<u64>;
+
     /// How many audit entries are held.
     fn audit_count(&self) -> u64;
 }

@@ -40,6 +40,7 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY,
+    record_seq INTEGER NOT NULL,
     log_id TEXT NOT NULL,
     ts INTEGER NOT NULL,
     tenant_id TEXT NOT NULL,
@@ -56,6 +57,7 @@ CREATE TABLE IF NOT EXISTS audit (
     metadata TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
+CREATE INDEX IF NOT EXISTS audit_record ON audit (record_seq);
 CREATE INDEX IF NOT EXISTS audit_tenant ON audit (tenant_id, ts);
 CREATE INDEX IF NOT EXISTS audit_key ON audit (key_id, ts);
 CREATE INDEX IF NOT EXISTS audit_operation ON audit (operation, ts);
@@ -175,11 +177,11 @@ impl History for SqliteHistory {
                 .prepare_cached(
                     "INSERT INTO audit (log_id, ts, tenant_id, key_id, user_agent, source_ip, \
                      operation, resource_type, resource_id, request_id, trace_id, status, \
-                     error_code, metadata) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                     error_code, metadata, record_seq) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 )
                 .map_err(sql_error)?;
-            for (_, e) in entries {
+            for (record_seq, e) in entries {
                 insert
                     .execute(params![
                         e.log_id,
@@ -196,6 +198,7 @@ impl History for SqliteHistory {
                         e.status,
                         e.error_code,
                         e.metadata,
+                        *record_seq as i64,
                     ])
                     .map_err(sql_error)?;
             }
@@ -255,42 +258,65 @@ impl History for SqliteHistory {
     ) -> io::Result<u64> {
         let writer = lock(&self.writer);
         let mut deleted = 0;
-        let mut gone: BTreeMap<u16, u64> = BTreeMap::new();
-        let mut run = |sql: &str, cutoff: Millis| -> io::Result<()> {
-            loop {
-                let mut statement = writer.prepare_cached(sql).map_err(sql_error)?;
-                let rows = statement
-                    .query_map(params![cutoff, EXPIRY_CHUNK], |r| r.get::<_, u16>(0))
-                    .map_err(sql_error)?;
-                let mut n = 0;
-                for status in rows {
-                    *gone.entry(status.map_err(sql_error)?).or_default() += 1;
-                    n += 1;
-                }
-                deleted += n;
-                if (n as i64) < EXPIRY_CHUNK {
-                    return Ok(());
-                }
-            }
-        };
         // Both walk an index from its oldest end: no scan of what is kept.
         if let Some(cutoff) = unauthenticated {
-            run(
-                &format!(
-                    "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit \
-                     WHERE tenant_id = '{UNAUTH_TENANT}' AND ts < ?1 LIMIT ?2) RETURNING status"
-                ),
-                cutoff,
-            )?;
+            let sql = format!(
+                "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit \
+                 WHERE tenant_id = '{UNAUTH_TENANT}' AND ts < ?1 LIMIT ?2) RETURNING status"
+            );
+            deleted += self.delete_chunked(&writer, &sql, cutoff)?;
         }
         if let Some(cutoff) = authenticated {
-            run(
-                &format!(
-                    "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE ts < ?1 \
-                     AND tenant_id <> '{UNAUTH_TENANT}' LIMIT ?2) RETURNING status"
-                ),
-                cutoff,
-            )?;
+            let sql = format!(
+                "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE ts < ?1 \
+                 AND tenant_id <> '{UNAUTH_TENANT}' LIMIT ?2) RETURNING status"
+            );
+            deleted += self.delete_chunked(&writer, &sql, cutoff)?;
+        }
+        Ok(deleted)
+    }
+
+    fn trim_after(&self, seq: u64) -> io::Result<u64> {
+        let writer = lock(&self.writer);
+        let sql = "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE record_seq > ?1 \
+                   LIMIT ?2) RETURNING status";
+        let deleted = self.delete_chunked(&writer, sql, seq as i64)?;
+        writer
+            .execute(
+                "INSERT INTO meta (name, value) VALUES ('held_seq', ?1) \
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                [seq as i64],
+            )
+            .map_err(sql_error)?;
+        self.held.store(seq, Ordering::Release);
+        Ok(deleted)
+    }
+
+    fn audit_count(&self) -> u64 {
+        self.entries.load(Ordering::Acquire)
+    }
+}
+
+impl SqliteHistory {
+    /// Runs `sql` (a `DELETE … LIMIT ?2 RETURNING status` with `?1` bound to `bound`) until
+    /// it deletes less than a chunk, keeping the counts; answers how many rows went.
+    fn delete_chunked(&self, writer: &Connection, sql: &str, bound: i64) -> io::Result<u64> {
+        let mut gone: BTreeMap<u16, u64> = BTreeMap::new();
+        let mut deleted = 0;
+        loop {
+            let mut statement = writer.prepare_cached(sql).map_err(sql_error)?;
+            let rows = statement
+                .query_map(params![bound, EXPIRY_CHUNK], |r| r.get::<_, u16>(0))
+                .map_err(sql_error)?;
+            let mut n = 0;
+            for status in rows {
+                *gone.entry(status.map_err(sql_error)?).or_default() += 1;
+                n += 1;
+            }
+            deleted += n;
+            if (n as i64) < EXPIRY_CHUNK {
+                break;
+            }
         }
         self.entries.fetch_sub(deleted, Ordering::AcqRel);
         let mut statuses = self.statuses.lock().unwrap_or_else(|e| e.into_inner());
@@ -302,12 +328,6 @@ impl History for SqliteHistory {
         Ok(deleted)
     }
 
-    fn audit_count(&self) -> u64 {
-        self.entries.load(Ordering::Acquire)
-    }
-}
-
-impl SqliteHistory {
     /// How many entries a status filter matches (`None`: there is no status filter).
     fn status_matches(&self, filter: StatusFilter) -> Option<u64> {
         let (min, max) = match filter {

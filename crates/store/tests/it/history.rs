@@ -169,6 +169,64 @@ async fn a_history_behind_the_journal_catches_up_at_start() {
     assert_eq!(entries(&store).await.len(), 3);
 }
 
+/// A history store ahead of its journal (a data directory restored from a history copy taken
+/// after the journal's) loses, at start, the entries of the records the journal lacks: an
+/// entry never outlives its change.
+#[tokio::test]
+async fn a_history_ahead_of_the_journal_is_trimmed_at_start() {
+    let dir = TempDir::new().unwrap();
+    let saved = TempDir::new().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let journal_files = |dir: &Path| -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy();
+                name.starts_with("journal-") || name.starts_with("snapshot-")
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let (store, _) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    let r = store
+        .execute_audited(create("a", "a"), Load::Busy, audit("log_a", ADMIN_TENANT))
+        .await
+        .unwrap();
+    assert!(r.result.is_ok());
+    drop(store);
+    for f in journal_files(dir.path()) {
+        std::fs::copy(&f, saved.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let (store, _) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    for (id, log) in [("b", "log_b"), ("c", "log_c")] {
+        let r = store
+            .execute_audited(create(id, id), Load::Busy, audit(log, ADMIN_TENANT))
+            .await
+            .unwrap();
+        assert!(r.result.is_ok());
+    }
+    drop(store);
+    // The journal as it was after the first change; the history store as it is now.
+    for f in journal_files(dir.path()) {
+        std::fs::remove_file(f).unwrap();
+    }
+    for f in journal_files(saved.path()) {
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    assert_eq!((report.last_seq, report.audit_trimmed), (1, 2));
+    assert_eq!(ids(&entries(&store).await), ["log_a"]);
+    // The next changes are journaled and audited after it as usual.
+    let r = store
+        .execute_audited(create("d", "d"), Load::Busy, audit("log_d", ADMIN_TENANT))
+        .await
+        .unwrap();
+    assert!(r.result.is_ok());
+    assert_eq!(ids(&entries(&store).await), ["log_d", "log_a"]);
+}
+
 /// Entries past their tier's retention go; the rest stay; 0 days keeps everything.
 #[tokio::test]
 async fn retention_deletes_entries_past_their_tier() {
