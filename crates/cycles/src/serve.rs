@@ -48,14 +48,14 @@ pub struct ServeArgs {
     #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_MIB", default_value_t = 256)]
     snapshot_after_mib: u64,
     /// Days audit entries are kept (0 = forever).
-    #[arg(long, env = "CYCLES_AUDIT_RETENTION_DAYS", default_value_t = 400)]
+    #[arg(long, env = "CYCLES_AUDIT_RETENTION_DAYS", default_value_t = Retention::DEFAULT.authenticated_days)]
     audit_retention_days: u32,
     /// Days the audit entries of requests refused before their caller was known are kept
     /// (0 = forever).
     #[arg(
         long,
         env = "CYCLES_AUDIT_RETENTION_UNAUTHENTICATED_DAYS",
-        default_value_t = 30
+        default_value_t = Retention::DEFAULT.unauthenticated_days
     )]
     audit_retention_unauthenticated_days: u32,
     /// Audit entries one client address may leave per minute for requests refused before

@@ -28,7 +28,7 @@ fn open(
     EmbeddedStore::open(config).expect("open store")
 }
 
-fn create(id: &str, name: &str) -> CreateTenant {
+pub fn create(id: &str, name: &str) -> CreateTenant {
     CreateTenant {
         actor: Actor::Admin,
         tenant: NewTenant {

@@ -6,10 +6,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
-use ledger::{Actor, CreateTenant, NewTenant};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 use store::{Load, ManualClock, Store};
 use tempfile::TempDir;
+
+use crate::history::create;
 
 #[tokio::test]
 async fn the_data_directory_and_its_files_are_owner_only() {
@@ -18,25 +19,8 @@ async fn the_data_directory_and_its_files_are_owner_only() {
     let clock = Arc::new(ManualClock::new(1_800_000_000_000));
     let (store, _) =
         EmbeddedStore::open(EmbeddedConfig::new(&dir, Durability::Strict, clock)).unwrap();
-    let tenant = NewTenant {
-        tenant_id: "acme".into(),
-        name: "Acme".into(),
-        parent_tenant_id: None,
-        default_commit_overage_policy: None,
-        default_reservation_ttl_ms: None,
-        max_reservation_ttl_ms: None,
-        max_reservation_extensions: None,
-        reservation_expiry_policy: None,
-        metadata: Default::default(),
-    };
     let created = store
-        .execute(
-            CreateTenant {
-                actor: Actor::Admin,
-                tenant,
-            },
-            Load::Busy,
-        )
+        .execute(create("acme", "Acme"), Load::Busy)
         .await
         .unwrap();
     assert!(created.result.is_ok());
