@@ -16,6 +16,8 @@ use store::SystemClock;
 
 /// The file in the data directory that keeps a generated admin key.
 pub const ADMIN_KEY_FILE: &str = "admin.key";
+/// The keys webhook secrets are sealed with (see `--webhook-keys`).
+pub const WEBHOOK_KEY_FILE: &str = "webhook.key";
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum DurabilityArg {
@@ -58,6 +60,23 @@ pub struct ServeArgs {
         default_value_t = Retention::DEFAULT.unauthenticated_days
     )]
     audit_retention_unauthenticated_days: u32,
+    /// Days events are kept (0 = forever).
+    #[arg(long, env = "CYCLES_EVENT_RETENTION_DAYS", default_value_t = Retention::DEFAULT.events_days)]
+    event_retention_days: u32,
+    /// Days webhook delivery records are kept (0 = forever).
+    #[arg(
+        long,
+        env = "CYCLES_DELIVERY_RETENTION_DAYS",
+        default_value_t = Retention::DEFAULT.deliveries_days
+    )]
+    delivery_retention_days: u32,
+    /// Keys that seal webhook signing secrets and custom headers at rest: 64 hex characters
+    /// each, comma-separated; the first seals new secrets and every one opens. Without it
+    /// they are read from `webhook.key` in the data directory (one per line), which is
+    /// created with a fresh key when missing. To rotate, put a new key first and keep the
+    /// old ones until every secret has been rotated (PATCH `signing_secret`).
+    #[arg(long, env = "CYCLES_WEBHOOK_KEYS", hide_env_values = true)]
+    webhook_keys: Option<String>,
     /// Audit entries one client address may leave per minute for requests refused before
     /// their caller was known (0 = every one); past it they are counted, not written.
     #[arg(
@@ -146,6 +165,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.retention = Retention {
         authenticated_days: args.audit_retention_days,
         unauthenticated_days: args.audit_retention_unauthenticated_days,
+        events_days: args.event_retention_days,
+        deliveries_days: args.delivery_retention_days,
+    };
+    // A memory-only server keeps nothing on disk: without given keys, its secrets are sealed
+    // with a key of this process (they go when it does).
+    let webhook_keys = match durability {
+        Durability::None => given_webhook_keys(args.webhook_keys.as_deref())?.unwrap_or_default(),
+        Durability::Strict => webhook_keys(&args.data_dir, args.webhook_keys.as_deref())?,
     };
     let (store, report) = EmbeddedStore::open(config)
         .with_context(|| format!("opening data directory {}", args.data_dir.display()))?;
@@ -155,7 +182,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         replayed = report.records_replayed,
         truncated_bytes = report.truncated_bytes,
         reservations = report.reservations,
-        audit_reprojected = report.audit_reprojected,
+        history_reprojected = report.history_reprojected,
         "store recovered"
     );
     let options = ServerOptions {
@@ -172,6 +199,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         public_metrics: args.public_metrics,
         dashboard,
         audit_unauthenticated_per_minute: args.audit_unauthenticated_per_minute,
+        webhook_keys,
     };
     let bound = BoundServer::bind(store, options)
         .await
@@ -230,6 +258,48 @@ fn admin_key(data_dir: &Path, given: Option<String>) -> anyhow::Result<(String, 
             path.display()
         ),
     ))
+}
+
+/// Hex keys, one per line or comma-separated.
+fn parse_webhook_keys(text: &str, from: &str) -> anyhow::Result<Vec<[u8; 32]>> {
+    text.split([',', '\n'])
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(|k| {
+            let bytes = hex::decode(k).ok().filter(|b| b.len() == 32);
+            bytes
+                .map(|b| b.try_into().expect("32 bytes"))
+                .with_context(|| format!("{from}: a key is 64 hex characters"))
+        })
+        .collect()
+}
+
+/// The keys given by flag or environment, if any.
+fn given_webhook_keys(given: Option<&str>) -> anyhow::Result<Option<Vec<[u8; 32]>>> {
+    given
+        .filter(|g| !g.trim().is_empty())
+        .map(|g| parse_webhook_keys(g, "CYCLES_WEBHOOK_KEYS / --webhook-keys"))
+        .transpose()
+}
+
+/// The keys that seal webhook secrets: given, or read from (or first written to) the data
+/// directory's `webhook.key`.
+fn webhook_keys(data_dir: &Path, given: Option<&str>) -> anyhow::Result<Vec<[u8; 32]>> {
+    if let Some(keys) = given_webhook_keys(given)? {
+        return Ok(keys);
+    }
+    let path = data_dir.join(WEBHOOK_KEY_FILE);
+    if let Ok(text) = fs::read_to_string(&path) {
+        let keys = parse_webhook_keys(&text, &path.display().to_string())?;
+        if !keys.is_empty() {
+            return Ok(keys);
+        }
+    }
+    store::embedded::create_private_dir(data_dir)?;
+    let key = server::new_webhook_key();
+    write_private(&path, &format!("{}\n", hex::encode(key)))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(vec![key])
 }
 
 fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {

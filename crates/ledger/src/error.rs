@@ -20,6 +20,8 @@ pub enum Rejection {
     TenantNotFound(String),
     #[error("Budget not found: {0}")]
     BudgetNotFound(String),
+    #[error("Webhook subscription not found: {0}")]
+    WebhookNotFound(String),
     #[error("{0}")]
     DuplicateResource(String),
     #[error("{message}")]

@@ -26,6 +26,8 @@ pub enum Endpoint {
     /// actions, keyed per tenant for budgets and under the admin sentinel for tenants.
     TenantsBulk,
     BudgetsBulk,
+    /// The webhook bulk action, under the admin sentinel.
+    WebhooksBulk,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ mod apikey;
 mod apply;
 mod budget;
 mod error;
+mod event;
 mod history;
 mod idempotency;
 mod intern;
@@ -23,6 +24,8 @@ mod results;
 mod scope;
 mod state;
 pub mod tenant;
+mod time;
+mod webhook;
 
 pub use amount::{checked_add, checked_sub, Amount, Unit};
 pub use apikey::{ApiKey, ApiKeyStatus, Permission};
@@ -32,6 +35,10 @@ pub use budget::{
     FundingOp, OveragePolicy, Refusal, RolloverPolicy,
 };
 pub use error::Rejection;
+pub use event::{
+    ActorKind, Event, EventActor, EventCategory, EventFilter, EventPage, EventQuery, EventSort,
+    EventType, Origin, SYSTEM_TENANT,
+};
 pub use history::{
     AuditEntry, AuditFilter, AuditPage, AuditQuery, AuditSort, StatusFilter, ADMIN_TENANT,
     UNAUTH_TENANT,
@@ -45,8 +52,15 @@ pub use results::*;
 pub use scope::{
     derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
 };
-pub use state::{Effect, SnapshotData, SnapshotSource, State, Violation, TERMINAL_RETENTION_MS};
+pub use state::{
+    Effect, SnapshotData, SnapshotSource, SnapshotV1, State, Violation, TERMINAL_RETENTION_MS,
+};
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
+pub use time::{format_rfc3339, parse_rfc3339};
+pub use webhook::{
+    scope_filter_matches, Delivery, DeliveryPage, DeliveryQuery, DeliveryStatus, RetryPolicy,
+    WebhookSecurity, WebhookStatus, WebhookSubscription, DEFAULT_DISABLE_AFTER_FAILURES,
+};
 
 /// Milliseconds since the Unix epoch, as given by the engine's clock.
 pub type Millis = i64;

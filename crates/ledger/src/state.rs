@@ -13,8 +13,8 @@ use crate::intern::{share_loaded, Placement, Recent};
 use crate::inventory::Inventory;
 use crate::listing::ListIndex;
 use crate::{
-    Action, ApiKey, AuditEntry, Budget, BudgetKey, IdemKey, IdemRecord, Millis, Policy,
-    Reservation, ReservationStatus, Tenant,
+    Action, ApiKey, AuditEntry, Budget, BudgetKey, Delivery, Event, IdemKey, IdemRecord, Millis,
+    Policy, Reservation, ReservationStatus, Tenant, WebhookSecurity, WebhookSubscription,
 };
 
 /// How long a settled or expired reservation stays readable (and its commit/release
@@ -46,6 +46,15 @@ pub enum Effect {
     /// refused one, alone). History, not state: the state ignores it, and the store projects
     /// it into its history store once the record is durable.
     Audit(Box<AuditEntry>),
+    /// An event of this record's change (the outbox). History like an audit entry: the
+    /// state only remembers its number, so the next event's is greater.
+    Event(Box<Event>),
+    PutWebhook(Arc<WebhookSubscription>),
+    RemoveWebhook(String),
+    PutWebhookSecurity(WebhookSecurity),
+    /// A delivery created or attempted: kept in the state while it is due, dropped from it
+    /// once final (the history store keeps every version).
+    PutDelivery(Arc<Delivery>),
 }
 
 /// Something that is due for eviction at a time.
@@ -96,6 +105,22 @@ pub struct State {
     /// operation sees the state read-only: filling a cache changes no state.
     pub(crate) placements: RefCell<Recent<Placement>>,
     pub(crate) actions: RefCell<Recent<Arc<Action>>>,
+    pub(crate) webhooks: WebhookState,
+}
+
+/// The webhook part of the state: subscriptions, the deliveries still due, the security
+/// configuration, and the last event and delivery numbers given out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WebhookState {
+    pub(crate) subscriptions: OrdMap<String, Arc<WebhookSubscription>>,
+    /// Subscription ids by owner (a tenant or `__system__`), for matching an event.
+    pub(crate) by_owner: HashMap<String, BTreeSet<String>>,
+    pub(crate) security: Option<WebhookSecurity>,
+    pub(crate) due: OrdMap<String, Arc<Delivery>>,
+    /// Due deliveries by when they are next attempted.
+    pub(crate) due_index: BTreeSet<(Millis, String)>,
+    pub(crate) last_event: u64,
+    pub(crate) last_delivery: u64,
 }
 
 /// The persistent part of the state, as written to a snapshot. Indexes are rebuilt on load.
@@ -107,6 +132,37 @@ pub struct SnapshotData {
     pub policies: Vec<Policy>,
     pub reservations: Vec<Reservation>,
     pub idempotency: Vec<(IdemKey, IdemRecord)>,
+    // Since format 2 (a format-1 snapshot has none of these: see [`SnapshotV1`]).
+    pub webhooks: Vec<WebhookSubscription>,
+    pub webhook_security: Option<WebhookSecurity>,
+    pub deliveries: Vec<Delivery>,
+    pub last_event: u64,
+    pub last_delivery: u64,
+}
+
+/// The persistent state as format 1 wrote it, before webhooks: read from older snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotV1 {
+    pub tenants: Vec<Tenant>,
+    pub api_keys: Vec<ApiKey>,
+    pub budgets: Vec<Budget>,
+    pub policies: Vec<Policy>,
+    pub reservations: Vec<Reservation>,
+    pub idempotency: Vec<(IdemKey, IdemRecord)>,
+}
+
+impl From<SnapshotV1> for SnapshotData {
+    fn from(v1: SnapshotV1) -> Self {
+        SnapshotData {
+            tenants: v1.tenants,
+            api_keys: v1.api_keys,
+            budgets: v1.budgets,
+            policies: v1.policies,
+            reservations: v1.reservations,
+            idempotency: v1.idempotency,
+            ..SnapshotData::default()
+        }
+    }
 }
 
 /// A frozen view of the persistent state (see [`State::snapshot_source`]).
@@ -118,6 +174,11 @@ pub struct SnapshotSource {
     policies: OrdMap<(String, String), Policy>,
     reservations: OrdMap<Arc<str>, Arc<Reservation>>,
     idempotency: OrdMap<Arrival, IdemEntry>,
+    webhooks: OrdMap<String, Arc<WebhookSubscription>>,
+    webhook_security: Option<WebhookSecurity>,
+    deliveries: OrdMap<String, Arc<Delivery>>,
+    last_event: u64,
+    last_delivery: u64,
 }
 
 /// Serializes exactly as [`SnapshotData`] does (the same fields, in the same order), straight
@@ -125,7 +186,7 @@ pub struct SnapshotSource {
 impl Serialize for SnapshotSource {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("SnapshotData", 6)?;
+        let mut s = serializer.serialize_struct("SnapshotData", 11)?;
         s.serialize_field(
             "tenants",
             &Seq(self.tenants.len(), || self.tenants.values()),
@@ -152,6 +213,19 @@ impl Serialize for SnapshotSource {
                 self.idempotency.values().map(|e| (&*e.key, &*e.record))
             }),
         )?;
+        s.serialize_field(
+            "webhooks",
+            &Seq(self.webhooks.len(), || self.webhooks.values().map(|w| &**w)),
+        )?;
+        s.serialize_field("webhook_security", &self.webhook_security)?;
+        s.serialize_field(
+            "deliveries",
+            &Seq(self.deliveries.len(), || {
+                self.deliveries.values().map(|d| &**d)
+            }),
+        )?;
+        s.serialize_field("last_event", &self.last_event)?;
+        s.serialize_field("last_delivery", &self.last_delivery)?;
         s.end()
     }
 }
@@ -188,6 +262,11 @@ impl SnapshotSource {
                 .values()
                 .map(|e| ((*e.key).clone(), (*e.record).clone()))
                 .collect(),
+            webhooks: self.webhooks.values().map(|w| (**w).clone()).collect(),
+            webhook_security: self.webhook_security.clone(),
+            deliveries: self.deliveries.values().map(|d| (**d).clone()).collect(),
+            last_event: self.last_event,
+            last_delivery: self.last_delivery,
         }
     }
 }
@@ -287,6 +366,53 @@ impl State {
                 at_ms,
             } => self.expire_reservation(reservation_id, *at_ms),
             Effect::Audit(_) => {}
+            Effect::Event(event) => {
+                if let Some(n) = Event::number(&event.event_id) {
+                    self.webhooks.last_event = self.webhooks.last_event.max(n);
+                }
+            }
+            Effect::PutWebhook(w) => {
+                self.webhooks
+                    .by_owner
+                    .entry(w.tenant_id.clone())
+                    .or_default()
+                    .insert(w.subscription_id.clone());
+                self.webhooks
+                    .subscriptions
+                    .insert(w.subscription_id.clone(), w.clone());
+            }
+            Effect::RemoveWebhook(id) => {
+                if let Some(old) = self.webhooks.subscriptions.remove(id) {
+                    if let Some(ids) = self.webhooks.by_owner.get_mut(&old.tenant_id) {
+                        ids.remove(id);
+                        if ids.is_empty() {
+                            self.webhooks.by_owner.remove(&old.tenant_id);
+                        }
+                    }
+                }
+            }
+            Effect::PutWebhookSecurity(config) => self.webhooks.security = Some(config.clone()),
+            Effect::PutDelivery(d) => self.put_delivery(d),
+        }
+    }
+
+    fn put_delivery(&mut self, d: &Arc<Delivery>) {
+        let w = &mut self.webhooks;
+        if let Some(n) = d
+            .delivery_id
+            .strip_prefix("del_")
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        {
+            w.last_delivery = w.last_delivery.max(n);
+        }
+        if let Some(old) = w.due.remove(&d.delivery_id) {
+            w.due_index
+                .remove(&(old.next_attempt_at_ms, old.delivery_id.clone()));
+        }
+        if !d.status.is_final() {
+            w.due_index
+                .insert((d.next_attempt_at_ms, d.delivery_id.clone()));
+            w.due.insert(d.delivery_id.clone(), d.clone());
         }
     }
 
@@ -402,6 +528,11 @@ impl State {
             policies: self.policies.clone(),
             reservations: self.reservations.clone(),
             idempotency: self.idempotency.shared(),
+            webhooks: self.webhooks.subscriptions.clone(),
+            webhook_security: self.webhooks.security.clone(),
+            deliveries: self.webhooks.due.clone(),
+            last_event: self.webhooks.last_event,
+            last_delivery: self.webhooks.last_delivery,
         }
     }
 
@@ -425,6 +556,17 @@ impl State {
         for p in data.policies {
             state.apply_effect(&Effect::PutPolicy(p));
         }
+        for w in data.webhooks {
+            state.apply_effect(&Effect::PutWebhook(Arc::new(w)));
+        }
+        if let Some(config) = data.webhook_security {
+            state.apply_effect(&Effect::PutWebhookSecurity(config));
+        }
+        for d in data.deliveries {
+            state.apply_effect(&Effect::PutDelivery(Arc::new(d)));
+        }
+        state.webhooks.last_event = state.webhooks.last_event.max(data.last_event);
+        state.webhooks.last_delivery = state.webhooks.last_delivery.max(data.last_delivery);
         // Reservations and idempotency records can number millions: build their maps and
         // ordered indexes in bulk rather than one effect at a time.
         let mut expiry = Vec::new();

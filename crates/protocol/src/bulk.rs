@@ -1,9 +1,10 @@
-//! Bulk actions (admin plane, spec §5): the request envelopes of the tenant and budget
-//! bulk actions, and the row-by-row response they share.
+//! Bulk actions (admin plane, spec §5): the request envelopes of the tenant, budget and
+//! webhook bulk actions, and the row-by-row response they share.
 
 use ledger::{
-    Actor, BudgetFilter, BudgetStatus, BulkBudgets, BulkResult, BulkTenants, FundingOp,
-    Idempotency, RowError, TenantFilter, TenantStatus, Unit,
+    Actor, BudgetFilter, BudgetStatus, BulkBudgets, BulkResult, BulkTenants, BulkWebhooks,
+    FundingOp, Idempotency, RowError, TenantFilter, TenantStatus, Unit, WebhookAction,
+    WebhookFilter, WebhookStatus,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -369,5 +370,109 @@ impl BulkActionResponse {
                 .collect(),
             idempotency_key,
         }
+    }
+}
+
+/// `WebhookBulkFilter`: at least one condition, AND-ed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookBulkFilter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
+    /// `ACTIVE`, `PAUSED` or `DISABLED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// Subscriptions listing this event type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    /// Case-insensitive substring of the subscription id or URL, at most 128 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 128)]
+    pub search: Option<String>,
+}
+
+/// `WebhookBulkActionRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(description = "Pause, resume or delete every subscription a filter matches.")]
+pub struct WebhookBulkActionRequest {
+    pub filter: WebhookBulkFilter,
+    #[schema(pattern = "^(PAUSE|RESUME|DELETE)$")]
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub expected_count: Option<u64>,
+    #[schema(min_length = 1, max_length = 128)]
+    pub idempotency_key: String,
+}
+
+fn webhook_action(action: &str) -> Option<WebhookAction> {
+    match action {
+        "PAUSE" => Some(WebhookAction::Pause),
+        "RESUME" => Some(WebhookAction::Resume),
+        "DELETE" => Some(WebhookAction::Delete),
+        _ => None,
+    }
+}
+
+impl WebhookBulkActionRequest {
+    fn filter(&self) -> Result<WebhookFilter, ApiError> {
+        let f = &self.filter;
+        Ok(WebhookFilter {
+            tenant_id: f.tenant_id.clone(),
+            status: f
+                .status
+                .as_deref()
+                .map(|s| parse_wire::<WebhookStatus>("filter.status", s))
+                .transpose()?,
+            event_type: f
+                .event_type
+                .as_deref()
+                .map(|t| crate::webhook::parse_event_type("filter.event_type", t))
+                .transpose()?,
+            search: search("filter.search", &f.search)?,
+        })
+    }
+}
+
+impl Validate for WebhookBulkActionRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        webhook_action(&self.action)
+            .ok_or_else(|| ApiError::invalid("action: must be PAUSE, RESUME or DELETE"))?;
+        idempotency_key(&self.idempotency_key)?;
+        let f = self.filter()?;
+        if f.tenant_id.is_none()
+            && f.status.is_none()
+            && f.event_type.is_none()
+            && f.search.is_none()
+        {
+            return Err(ApiError::invalid(
+                "filter: must set at least one of tenant_id, status, event_type, search",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl BulkRequest for WebhookBulkActionRequest {
+    type Operation = BulkWebhooks;
+
+    fn echo(&self) -> (String, String) {
+        (self.action.clone(), self.idempotency_key.clone())
+    }
+
+    fn into_operation(self, actor: Actor) -> Result<BulkWebhooks, ApiError> {
+        let idem = Idempotency {
+            key: self.idempotency_key.as_str().into(),
+            fingerprint: fingerprint(&self),
+        };
+        Ok(BulkWebhooks {
+            actor,
+            filter: self.filter()?,
+            action: webhook_action(&self.action)
+                .ok_or_else(|| ApiError::invalid("action: unknown value"))?,
+            expected_count: self.expected_count,
+            idem,
+        })
     }
 }

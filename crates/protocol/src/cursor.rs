@@ -149,7 +149,7 @@ pub struct NextPage(pub(crate) Option<Binding<'static>>);
 
 impl NextPage {
     /// The cursor of the page after `page` in a sorted order, when there is one.
-    pub(crate) fn sorted<T>(&self, page: &SortedPage<T>) -> Option<String> {
+    pub fn sorted<T>(&self, page: &SortedPage<T>) -> Option<String> {
         let binding = self.0.as_ref()?;
         if !page.page.has_more {
             return None;

@@ -43,6 +43,10 @@ pub enum ErrorCode {
     DuplicateResource,
     KeyRevoked,
     CountMismatch,
+    WebhookNotFound,
+    WebhookUrlInvalid,
+    EventNotFound,
+    ReplayInProgress,
 }
 
 /// An error answer: status, code, message and optional details. The correlation ids are
@@ -99,6 +103,8 @@ impl ApiError {
             Rejection::NotFound(_) => (404, C::NotFound),
             Rejection::TenantNotFound(_) if admin => (404, C::TenantNotFound),
             Rejection::BudgetNotFound(_) if admin => (404, C::BudgetNotFound),
+            Rejection::WebhookNotFound(_) if admin => (404, C::WebhookNotFound),
+            Rejection::WebhookNotFound(_) => (404, C::NotFound),
             Rejection::TenantNotFound(_) | Rejection::BudgetNotFound(_) => (404, C::NotFound),
             Rejection::DuplicateResource(_) => (409, C::DuplicateResource),
             Rejection::BudgetExceeded { .. } => (409, C::BudgetExceeded),

@@ -20,16 +20,16 @@ mod query;
 pub mod runtime;
 pub mod schema;
 pub mod tenant;
-mod time;
 mod validate;
+pub mod webhook;
 mod wire;
 
 pub use common::*;
 pub use cursor::{decode_budget_cursor, encode_budget_cursor, NextPage};
 pub use error::{ApiError, ErrorBody, ErrorCode, Plane};
 pub use fingerprint::fingerprint;
+pub use ledger::{format_rfc3339, parse_rfc3339};
 pub use query::{parse_query, ClampedLimit, PageSize, Search};
-pub use time::{format_rfc3339, parse_rfc3339};
 pub use validate::{parse_body, Validate};
 pub(crate) use wire::parse_wire;
 pub use wire::WireName;

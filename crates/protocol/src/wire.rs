@@ -9,8 +9,9 @@
 //! and the permission check matches the `:read` / `:write` suffixes of a permission's name.
 
 use ledger::{
-    ApiKeySort, ApiKeyStatus, AuditSort, BudgetSort, Decision, ExpiryPolicy, FundingOp,
-    PolicyStatus, RolloverPolicy, SortBy, TenantSort, TenantStatus,
+    ApiKeySort, ApiKeyStatus, AuditSort, BudgetSort, Decision, DeliveryStatus, EventSort,
+    ExpiryPolicy, FundingOp, PolicyStatus, RolloverPolicy, SortBy, TenantSort, TenantStatus,
+    WebhookSort, WebhookStatus,
 };
 
 use crate::ApiError;
@@ -100,6 +101,26 @@ wire_names! {
         Debt => "debt",
     }
     TenantSort { TenantId => "tenant_id", Name => "name", Status => "status", CreatedAt => "created_at" }
+    EventSort {
+        EventType => "event_type",
+        Category => "category",
+        Scope => "scope",
+        TenantId => "tenant_id",
+        Timestamp => "timestamp",
+    }
+    WebhookSort {
+        Url => "url",
+        TenantId => "tenant_id",
+        Status => "status",
+        ConsecutiveFailures => "consecutive_failures",
+    }
+    WebhookStatus { Active => "ACTIVE", Paused => "PAUSED", Disabled => "DISABLED" }
+    DeliveryStatus {
+        Pending => "PENDING",
+        Success => "SUCCESS",
+        Failed => "FAILED",
+        Retrying => "RETRYING",
+    }
     AuditSort {
         Timestamp => "timestamp",
         Operation => "operation",
@@ -154,6 +175,10 @@ mod tests {
         round_trips::<SortBy>();
         round_trips::<TenantSort>();
         round_trips::<AuditSort>();
+        round_trips::<EventSort>();
+        round_trips::<WebhookSort>();
+        round_trips::<WebhookStatus>();
+        round_trips::<DeliveryStatus>();
         round_trips::<BudgetSort>();
         round_trips::<ApiKeySort>();
     }

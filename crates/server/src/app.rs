@@ -4,9 +4,12 @@ use std::sync::Arc;
 
 use ledger::{Actor, AuditPage, AuditQuery, Authenticate, Operation, Principal};
 use protocol::{ApiError, Plane};
+use store::RequestContext;
 use store::{AuditFn, Engine, Reply, Store, StoreError};
 
 use crate::audit::{self, AuditDetail, AuditScope, UnauthenticatedBudget};
+use crate::origin;
+use crate::webhooks::{DispatchCounters, Webhooks};
 
 use crate::auth::AdminKey;
 use crate::jobs::SweepCounters;
@@ -22,6 +25,8 @@ pub struct App {
     sweep_counters: Arc<SweepCounters>,
     public_metrics: bool,
     unauthenticated: Arc<UnauthenticatedBudget>,
+    webhooks: Arc<Webhooks>,
+    dispatch_counters: Arc<DispatchCounters>,
 }
 
 impl App {
@@ -30,6 +35,7 @@ impl App {
         admin_api_key: &str,
         public_metrics: bool,
         audit_unauthenticated_per_minute: u32,
+        webhooks: Arc<Webhooks>,
     ) -> Self {
         App {
             store,
@@ -39,7 +45,19 @@ impl App {
             sweep_counters: Arc::default(),
             public_metrics,
             unauthenticated: Arc::new(UnauthenticatedBudget::new(audit_unauthenticated_per_minute)),
+            webhooks,
+            dispatch_counters: Arc::default(),
         }
+    }
+
+    /// Sealing, the SSRF guard and the outbound client.
+    pub fn webhooks(&self) -> &Arc<Webhooks> {
+        &self.webhooks
+    }
+
+    /// What the webhook dispatcher has done (shared with it).
+    pub fn dispatch_counters(&self) -> &Arc<DispatchCounters> {
+        &self.dispatch_counters
     }
 
     /// The budget of unauthenticated refusals' audit entries (see [`UnauthenticatedBudget`]).
@@ -81,7 +99,11 @@ impl App {
         plane: Plane,
     ) -> Result<(O::Output, Option<Arc<str>>), Failure> {
         let load = self.load.current();
-        Self::answer(self.store.execute(operation, load).await, plane)
+        let context = RequestContext {
+            origin: origin::current,
+            audit: None,
+        };
+        Self::answer(self.store.execute_in(operation, load, context).await, plane)
     }
 
     /// Executes an operation that changes something; inside an audited request (see
@@ -99,10 +121,11 @@ impl App {
         };
         let audit: AuditFn<O::Output> = Box::new(move |facts| scope.entry(facts, plane));
         let load = self.load.current();
-        Self::answer(
-            self.store.execute_audited(operation, load, audit).await,
-            plane,
-        )
+        let context = RequestContext {
+            origin: origin::current,
+            audit: Some(audit),
+        };
+        Self::answer(self.store.execute_in(operation, load, context).await, plane)
     }
 
     /// Writes the entry of an audited request that was answered `error` before its
@@ -119,19 +142,34 @@ impl App {
             scope.refusal_entry(&error, caller, facts.state, facts.now)
         });
         let load = self.load.current();
+        let context = RequestContext {
+            origin: origin::current,
+            audit: Some(audit),
+        };
         let written = self
             .store
-            .execute_audited(Authenticate(actor), load, audit)
+            .execute_in(Authenticate(actor), load, context)
             .await;
         if let Err(e) = written {
             tracing::warn!(error = %e, "the audit entry of a refused request was not written");
         }
     }
 
+    /// Reads the history store (events, deliveries).
+    pub async fn store_history<T, F>(&self, read: F) -> Result<T, Failure>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn store::History) -> std::io::Result<T> + Send + 'static,
+    {
+        self.store.read_history(read).await.map_err(|e| {
+            ApiError::unavailable(format!("The history store is unavailable: {e}")).into()
+        })
+    }
+
     /// A page of the audit log.
     pub async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, Failure> {
         self.store
-            .audit_page(query)
+            .read_history(move |history| history.audit_page(&query))
             .await
             .map_err(|e| ApiError::unavailable(format!("The audit log is unavailable: {e}")).into())
     }

@@ -382,6 +382,8 @@ impl AuditScope {
             self.audited.resource_type,
             "budget" | "policy" | "reservation"
         ) || resource_id == Some(BULK_RESOURCE)
+            // The tenant plane's webhooks, changed with the admin key (admin spec §2.6).
+            || self.path.starts_with("/v1/webhooks")
     }
 
     /// The tenant a resource belongs to, when its operation's result does not say: a
@@ -657,5 +659,29 @@ impl AuditDetail for BulkResult {
 
 /// Runtime writes other than the release carry nothing more (and are audited only when the
 /// admin key is presented, which they refuse).
+impl AuditDetail for std::sync::Arc<ledger::WebhookSubscription> {
+    fn resource_id(&self) -> Option<String> {
+        Some(self.subscription_id.clone())
+    }
+    fn tenant_id(&self) -> Option<String> {
+        (!self.is_system()).then(|| self.tenant_id.clone())
+    }
+}
+
+impl AuditDetail for ledger::WebhookSecurity {}
+
+/// A replay: the deliveries it queued.
+impl AuditDetail for usize {
+    fn status(&self) -> Option<u16> {
+        Some(202)
+    }
+    fn metadata(&self) -> Option<Map<String, Value>> {
+        Some(Map::from_iter([(
+            "events_queued".to_string(),
+            (*self).into(),
+        )]))
+    }
+}
+
 impl AuditDetail for ledger::CommitResult {}
 impl AuditDetail for ledger::Extended {}

@@ -52,6 +52,11 @@ pub fn key_id() -> String {
     format!("key_{}", &uuid_v4().simple().to_string()[..16])
 }
 
+/// A webhook subscription's id: `whsub_` and 16 hex digits, as the reference.
+pub fn subscription_id() -> String {
+    format!("whsub_{}", &uuid_v4().simple().to_string()[..16])
+}
+
 pub fn policy_id() -> String {
     format!("pol_{}", &uuid_v4().simple().to_string()[..16])
 }

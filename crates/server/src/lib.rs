@@ -14,10 +14,12 @@
 //!    `load::LoadTracker` that decides the [`store::Load`] of each command, the request
 //!    counters and the sweep's counters.
 //! 3. `metrics` (the request counters and the rendering of `/metrics`), `ratelimit`,
-//!    `correlation`, `audit` (the audit scope of a request and the entries made from it).
+//!    `correlation`, `audit` (the audit scope of a request and the entries made from it),
+//!    `origin` (what a request's events carry).
 //! 4. What knows nothing of the application: `auth` (credentials), `load` (requests in
 //!    flight), `jobs` (the expiry sweep: the store and its counters), `reply`,
-//!    `ids`, `openapi`, `dashboard` (the operator dashboard's files), `alloc_count`.
+//!    `ids`, `openapi`, `dashboard` (the operator dashboard's files), `alloc_count`,
+//!    `webhooks` (sealing, the SSRF guard, the outbound client and the dispatcher).
 //!
 //! This root wires them together. A test checks what it can of the rule: only `routes` uses
 //! `app`, nothing uses `routes`, and there is no cycle.
@@ -34,9 +36,11 @@ mod jobs;
 mod load;
 mod metrics;
 mod openapi;
+mod origin;
 mod ratelimit;
 mod reply;
 mod routes;
+mod webhooks;
 
 use std::future::Future;
 use std::io;
@@ -52,6 +56,7 @@ pub use app::App;
 pub use dashboard::Dashboard;
 pub use ids::new_key_secret;
 pub use ratelimit::RateLimit;
+pub use webhooks::new_key as new_webhook_key;
 
 /// What the HTTP layer needs to know.
 #[derive(Debug, Clone)]
@@ -70,6 +75,9 @@ pub struct ServerOptions {
     /// Audit entries of unauthenticated refusals one client address may leave per minute
     /// (0: every one).
     pub audit_unauthenticated_per_minute: u32,
+    /// The keys webhook secrets are sealed with at rest: the first seals, all open. Empty:
+    /// a key for this process only (secrets stored now cannot be opened after a restart).
+    pub webhook_keys: Vec<[u8; 32]>,
 }
 
 /// A server bound to its address, ready to run.
@@ -91,6 +99,7 @@ impl BoundServer {
                 &options.admin_api_key,
                 options.public_metrics,
                 options.audit_unauthenticated_per_minute,
+                Arc::new(webhooks::Webhooks::new(&options.webhook_keys)),
             )),
             sweep_interval: options.sweep_interval,
             rate_limit: options.rate_limit,
@@ -110,6 +119,11 @@ impl BoundServer {
             self.app.sweep_counters().clone(),
             self.sweep_interval,
         );
+        let dispatcher = webhooks::spawn_dispatcher(
+            self.app.store().clone(),
+            self.app.webhooks().clone(),
+            self.app.dispatch_counters().clone(),
+        );
         let router = routes::router(self.app.clone(), self.rate_limit, self.dashboard);
         let listener = self.listener.tap_io(|tcp| {
             // Replies are small and latency-bound: do not wait to coalesce them.
@@ -122,6 +136,7 @@ impl BoundServer {
         .with_graceful_shutdown(shutdown)
         .await;
         sweeper.stop().await;
+        dispatcher.stop().await;
         self.app.store().shutdown().await;
         served
     }

@@ -13,7 +13,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-use ledger::{AuditEntry, AuditPage, AuditQuery, Millis, Operation, Rejection, State};
+use ledger::{AuditEntry, Millis, Operation, Origin, Rejection, State};
+
+pub use history::History;
 
 use embedded::EmbeddedStore;
 
@@ -41,6 +43,24 @@ pub struct AuditFacts<'a, T> {
 /// result and writes the entry in the same durable step as the operation's effects. `None`:
 /// the caller decided, on the result, that this one is not audited.
 pub type AuditFn<T> = Box<dyn FnOnce(AuditFacts<'_, T>) -> Option<AuditEntry> + Send>;
+
+/// What a request brings to its operation besides the operation: the origin its events
+/// carry, and the maker of its audit entry.
+pub struct RequestContext<T> {
+    /// Asked only if the operation emits an event (a function, so a request that emits
+    /// none pays nothing for it).
+    pub origin: fn() -> Origin,
+    pub audit: Option<AuditFn<T>>,
+}
+
+impl<T> Default for RequestContext<T> {
+    fn default() -> Self {
+        RequestContext {
+            origin: Origin::default,
+            audit: None,
+        }
+    }
+}
 
 /// Why a store could not answer (as opposed to answering with a rejection).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,21 +112,22 @@ pub trait Store: Send + Sync + 'static {
         load: Load,
     ) -> impl Future<Output = Result<Reply<O::Output>, StoreError>> + Send;
 
-    /// Applies an operation and writes its audit entry, made by `audit` from its result, in
-    /// the same durable step: a crash never keeps one without the other.
-    fn execute_audited<O: Operation>(
+    /// Applies an operation on behalf of a request: its events carry the request's origin,
+    /// and its audit entry (made by `context.audit` from its result) is written in the same
+    /// durable step: a crash never keeps one without the other.
+    fn execute_in<O: Operation>(
         &self,
         operation: O,
         load: Load,
-        audit: AuditFn<O::Output>,
+        context: RequestContext<O::Output>,
     ) -> impl Future<Output = Result<Reply<O::Output>, StoreError>> + Send;
 
-    /// A page of the audit log, read from the history store (never through the ledger). It
-    /// shows every entry of a change acknowledged before it was asked for.
-    fn audit_page(
-        &self,
-        query: AuditQuery,
-    ) -> impl Future<Output = Result<AuditPage, StoreError>> + Send;
+    /// Reads the history store (the audit log, events, deliveries), never through the
+    /// ledger. What it reads includes the history of every change acknowledged before.
+    fn read_history<T, F>(&self, read: F) -> impl Future<Output = Result<T, StoreError>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn History) -> std::io::Result<T> + Send + 'static;
 
     /// Deletes the audit entries past their retention now (it also runs hourly).
     fn expire_history(&self) -> impl Future<Output = ()> + Send;
@@ -143,20 +164,24 @@ impl Store for Engine {
         }
     }
 
-    async fn execute_audited<O: Operation>(
+    async fn execute_in<O: Operation>(
         &self,
         operation: O,
         load: Load,
-        audit: AuditFn<O::Output>,
+        context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
         match self {
-            Engine::Embedded(store) => store.execute_audited(operation, load, audit).await,
+            Engine::Embedded(store) => store.execute_in(operation, load, context).await,
         }
     }
 
-    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
+    async fn read_history<T, F>(&self, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn History) -> std::io::Result<T> + Send + 'static,
+    {
         match self {
-            Engine::Embedded(store) => store.audit_page(query).await,
+            Engine::Embedded(store) => store.read_history(read).await,
         }
     }
 

@@ -3,5 +3,6 @@
 mod admin_cli;
 mod audit_crash;
 mod crash;
+mod events_crash;
 mod logs;
 mod process;

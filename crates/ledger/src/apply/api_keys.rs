@@ -1,8 +1,11 @@
 //! Tenant API keys: issue, list, update, revoke, and validate a secret.
 
 use crate::{
-    ApiKey, ApiKeyStatus, Effect, Millis, Permission, Position, Rejection, SortValue, TenantStatus,
+    ApiKey, ApiKeyStatus, Effect, EventType, Millis, Permission, Position, Rejection, SortValue,
+    TenantStatus, SYSTEM_TENANT,
 };
+
+use super::emit::{upper, NewEvent, ADMIN_SOURCE};
 
 use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Tx, DAY_MS};
@@ -171,7 +174,47 @@ impl Tx<'_> {
             metadata: new.metadata,
         };
         self.put(Effect::PutApiKey(key.clone()));
+        self.key_event(
+            &op.actor,
+            EventType::ApiKeyCreated,
+            None,
+            &key,
+            serde_json::json!({}),
+        );
         Ok(key)
+    }
+
+    /// Stages one `api_key.*` event of `key` (`EventDataApiKey`), with `extra` fields.
+    fn key_event(
+        &mut self,
+        actor: &Actor,
+        event_type: EventType,
+        before: Option<&ApiKey>,
+        key: &ApiKey,
+        extra: serde_json::Value,
+    ) {
+        let mut data = serde_json::json!({
+            "key_id": key.key_id,
+            "key_name": key.name,
+            "new_status": upper(key.effective_status(self.now)),
+            "permissions": key.permissions.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        });
+        if let Some(before) = before {
+            data["previous_status"] = upper(before.effective_status(self.now)).into();
+        }
+        if let (Some(data), serde_json::Value::Object(extra)) = (data.as_object_mut(), extra) {
+            data.extend(extra);
+        }
+        let actor = self.event_actor(actor, false);
+        self.emit(NewEvent {
+            event_type,
+            tenant_id: key.tenant_id.to_string(),
+            scope: None,
+            actor,
+            source: ADMIN_SOURCE,
+            data,
+            correlation_id: None,
+        });
     }
 
     fn revoke_api_key(&mut self, op: RevokeApiKey) -> Result<ApiKey, Rejection> {
@@ -182,10 +225,19 @@ impl Tx<'_> {
         if key.status == ApiKeyStatus::Revoked {
             return Err(Rejection::KeyRevoked(key_id.to_string()));
         }
+        let before = key.clone();
         key.status = ApiKeyStatus::Revoked;
         key.revoked_at_ms = Some(self.now);
         key.revoked_reason = reason;
         self.put(Effect::PutApiKey(key.clone()));
+        let extra = serde_json::json!({ "reason": key.revoked_reason });
+        self.key_event(
+            &op.actor,
+            EventType::ApiKeyRevoked,
+            Some(&before),
+            &key,
+            extra,
+        );
         Ok(key)
     }
 
@@ -217,6 +269,7 @@ impl Tx<'_> {
             }
         }
         let patch = op.patch;
+        let before = key.clone();
         if let Some(name) = patch.name {
             key.name = name;
         }
@@ -233,6 +286,16 @@ impl Tx<'_> {
             key.metadata = Some(metadata);
         }
         self.put(Effect::PutApiKey(key.clone()));
+        if before.permissions != key.permissions || before.scope_filter != key.scope_filter {
+            let event_type = EventType::ApiKeyPermissionsChanged;
+            self.key_event(
+                &op.actor,
+                event_type,
+                Some(&before),
+                &key,
+                serde_json::json!({}),
+            );
+        }
         Ok(key)
     }
 
@@ -244,6 +307,7 @@ impl Tx<'_> {
             .get(&op.digest)
             .and_then(|id| self.state.api_keys.get(id))
         else {
+            self.auth_failed(None, "key_not_found");
             return Ok(KeyValidation::Invalid {
                 key: None,
                 reason: InvalidKey::NotFound,
@@ -262,6 +326,14 @@ impl Tx<'_> {
             },
         };
         let key = key.clone();
+        if let Some(reason) = reason {
+            let failure = match reason {
+                InvalidKey::Revoked => "key_revoked",
+                InvalidKey::Expired => "key_expired",
+                _ => "tenant_not_active",
+            };
+            self.auth_failed(Some(&key), failure);
+        }
         Ok(match reason {
             None => KeyValidation::Valid(key),
             Some(reason) => KeyValidation::Invalid {
@@ -269,6 +341,29 @@ impl Tx<'_> {
                 reason,
             },
         })
+    }
+
+    /// `api_key.auth_failed` for a secret that was presented for validation and refused.
+    fn auth_failed(&mut self, key: Option<&ApiKey>, failure_reason: &str) {
+        let source_ip = self.origin().source_ip.clone();
+        let mut data = serde_json::json!({
+            "failure_reason": failure_reason,
+            "source_ip": source_ip,
+        });
+        if let Some(key) = key {
+            data["key_id"] = key.key_id.clone().into();
+            data["key_name"] = key.name.clone().into();
+        }
+        let actor = self.event_actor(&Actor::Admin, false);
+        self.emit(NewEvent {
+            event_type: EventType::ApiKeyAuthFailed,
+            tenant_id: key.map_or(SYSTEM_TENANT.to_string(), |k| k.tenant_id.to_string()),
+            scope: None,
+            actor,
+            source: ADMIN_SOURCE,
+            data,
+            correlation_id: None,
+        });
     }
 
     fn existing_key(&self, key_id: &str) -> Result<ApiKey, Rejection> {

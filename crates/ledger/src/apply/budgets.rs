@@ -4,12 +4,13 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::{
-    fund, scope_tenant, Balance, Budget, BudgetKey, BudgetStatus, Endpoint, FundResult, FundingOp,
-    IdemKey, Millis, OveragePolicy, Permission, Position, Rejection, RolloverPolicy, SortValue,
-    Unit, SCOPE_LEVELS,
+    fund, scope_tenant, Balance, Budget, BudgetKey, BudgetStatus, Endpoint, EventType, FundResult,
+    FundingOp, IdemKey, Millis, OveragePolicy, Permission, Position, Rejection, RolloverPolicy,
+    SortValue, Unit, SCOPE_LEVELS,
 };
 
 use super::auth::scope_filter_allows;
+use super::emit::{budget_lifecycle, upper, NewEvent, ADMIN_SOURCE};
 use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Idempotency, Idempotent, Page, Tx, DAY_MS};
 
@@ -193,6 +194,8 @@ pub struct SetBudgetFrozen {
     pub scope: String,
     pub unit: Unit,
     pub frozen: bool,
+    /// The operator's reason, carried by the event.
+    pub reason: Option<String>,
 }
 
 operation!(CreateBudget => Budget, create_budget);
@@ -242,7 +245,81 @@ impl Tx<'_> {
             updated_at_ms: self.now,
         };
         self.put_budgets(vec![budget.clone()])?;
+        let data = budget_lifecycle(None, &budget, "CREATE", None);
+        self.budget_event(&op.actor, EventType::BudgetCreated, &budget, data, None);
         Ok(budget)
+    }
+
+    /// Stages one budget event of `b`.
+    pub(crate) fn budget_event(
+        &mut self,
+        actor: &Actor,
+        event_type: EventType,
+        b: &Budget,
+        data: serde_json::Value,
+        correlation_id: Option<String>,
+    ) {
+        let actor = self.event_actor(actor, true);
+        self.emit(NewEvent {
+            event_type,
+            tenant_id: b.tenant_id.to_string(),
+            scope: Some(b.scope.to_string()),
+            actor,
+            source: ADMIN_SOURCE,
+            data,
+            correlation_id,
+        });
+    }
+
+    /// The events of a funding operation from `before` to `after`: its own, and
+    /// `over_limit_exited` when it brought the debt back within the overdraft limit.
+    pub(crate) fn funding_events(
+        &mut self,
+        actor: &Actor,
+        (before, after): (&Budget, &Budget),
+        operation: FundingOp,
+        spent_provided: bool,
+        correlation_id: Option<String>,
+    ) {
+        let event_type = match operation {
+            FundingOp::Credit => EventType::BudgetFunded,
+            FundingOp::Debit => EventType::BudgetDebited,
+            FundingOp::Reset => EventType::BudgetReset,
+            FundingOp::ResetSpent => EventType::BudgetResetSpent,
+            FundingOp::RepayDebt => EventType::BudgetDebtRepaid,
+        };
+        let mut data = budget_lifecycle(Some(before), after, &upper(operation), None);
+        if operation == FundingOp::ResetSpent {
+            data["spent_override_provided"] = spent_provided.into();
+        }
+        self.budget_event(actor, event_type, after, data, correlation_id.clone());
+        if before.is_over_limit && !after.is_over_limit {
+            self.over_limit_event(
+                actor,
+                EventType::BudgetOverLimitExited,
+                after,
+                correlation_id,
+            );
+        }
+    }
+
+    /// `budget.over_limit_entered` / `_exited` of `b` as it is now.
+    pub(crate) fn over_limit_event(
+        &mut self,
+        actor: &Actor,
+        event_type: EventType,
+        b: &Budget,
+        correlation_id: Option<String>,
+    ) {
+        let data = serde_json::json!({
+            "scope": &*b.scope,
+            "unit": b.unit.as_str(),
+            "debt": b.debt,
+            "overdraft_limit": b.overdraft_limit,
+            "is_over_limit": b.is_over_limit,
+            "debt_utilization": debt_utilization(b),
+        });
+        self.budget_event(actor, event_type, b, data, correlation_id);
     }
 
     fn list_budgets(&mut self, op: ListBudgets) -> Result<SortedPage<Budget>, Rejection> {
@@ -345,7 +422,15 @@ impl Tx<'_> {
                 new: Balance::from(&funded),
                 timestamp_ms: tx.now,
             };
-            tx.put_budgets(vec![funded])?;
+            tx.put_budgets(vec![funded.clone()])?;
+            let spent_provided = cmd.spent.is_some();
+            tx.funding_events(
+                &actor,
+                (&budget, &funded),
+                cmd.operation,
+                spent_provided,
+                None,
+            );
             Ok((result, DAY_MS))
         })
     }
@@ -354,6 +439,7 @@ impl Tx<'_> {
         self.require_admin(&op.actor)?;
         let patch = op.patch;
         let mut b = self.visible_budget(&op.actor, Permission::BudgetsWrite, &op.scope, op.unit)?;
+        let before = b.clone();
         self.open_tenant(&b.tenant_id)?;
         if b.status == BudgetStatus::Closed {
             return Err(Rejection::BudgetClosed {
@@ -371,6 +457,16 @@ impl Tx<'_> {
             b.metadata = Some(metadata.into());
         }
         self.put_budgets(vec![b.clone()])?;
+        let data = budget_lifecycle(Some(&before), &b, "UPDATE", None);
+        self.budget_event(&op.actor, EventType::BudgetUpdated, &b, data, None);
+        if before.is_over_limit != b.is_over_limit {
+            let event_type = if b.is_over_limit {
+                EventType::BudgetOverLimitEntered
+            } else {
+                EventType::BudgetOverLimitExited
+            };
+            self.over_limit_event(&op.actor, event_type, &b, None);
+        }
         Ok(b)
     }
 
@@ -396,8 +492,16 @@ impl Tx<'_> {
                 b.status.as_str()
             )));
         }
+        let before = b.clone();
         b.status = to;
         self.put_budgets(vec![b.clone()])?;
+        let event_type = if frozen {
+            EventType::BudgetFrozen
+        } else {
+            EventType::BudgetUnfrozen
+        };
+        let data = budget_lifecycle(Some(&before), &b, "STATUS_CHANGE", op.reason.as_deref());
+        self.budget_event(&op.actor, event_type, &b, data, None);
         Ok(b)
     }
 }
@@ -439,6 +543,15 @@ pub(crate) fn canonical_budget_scope(scope: &str, tenant_id: &str) -> Result<Str
         )));
     }
     Ok(lower)
+}
+
+/// `debt / overdraft_limit` (0 without a limit).
+pub(crate) fn debt_utilization(b: &Budget) -> f64 {
+    if b.overdraft_limit > 0 {
+        b.debt as f64 / b.overdraft_limit as f64
+    } else {
+        0.0
+    }
 }
 
 #[cfg(test)]

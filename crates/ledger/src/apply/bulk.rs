@@ -11,6 +11,7 @@ use crate::{
     TenantFilter, TenantStatus, Unit,
 };
 
+use super::emit::upper;
 use super::{operation, Actor, Idempotency, Idempotent, Tx};
 
 /// Most rows one bulk action may change.
@@ -50,7 +51,26 @@ pub struct BulkBudgets {
     pub idem: Idempotency,
 }
 
+/// `POST /v1/admin/webhooks/bulk-action`: pause, resume or delete every matching
+/// subscription (a bulk resume never re-enables a DISABLED one: a single PATCH can).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BulkWebhooks {
+    pub actor: Actor,
+    pub filter: crate::WebhookFilter,
+    pub action: WebhookAction,
+    pub expected_count: Option<u64>,
+    pub idem: Idempotency,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookAction {
+    Pause,
+    Resume,
+    Delete,
+}
+
 operation!(BulkTenants => Idempotent<BulkResult>, bulk_tenants);
+operation!(BulkWebhooks => Idempotent<BulkResult>, bulk_webhooks);
 operation!(BulkBudgets => Idempotent<BulkResult>, bulk_budgets);
 
 /// The rows of a bulk action, sorted into the response's three lists.
@@ -107,7 +127,7 @@ impl Tx<'_> {
                 .collect();
             let mut outcomes = Outcomes::matched(matching.len(), op.expected_count)?;
             for t in matching {
-                let row = tx.row(|tx| tx.move_tenant(t, op.target));
+                let row = tx.row(|tx| tx.move_tenant(&op.actor, t, op.target));
                 outcomes.record(&t.tenant_id, row);
             }
             Ok((outcomes.result, BULK_RETENTION_MS))
@@ -118,11 +138,16 @@ impl Tx<'_> {
     /// nowhere else (INVALID_TRANSITION); closing one again re-runs the cascade, which finds
     /// nothing left to do unless the tenant was closed by an older release that left keys
     /// active.
-    fn move_tenant(&mut self, t: &crate::Tenant, target: TenantStatus) -> Result<bool, Rejection> {
+    fn move_tenant(
+        &mut self,
+        actor: &Actor,
+        t: &crate::Tenant,
+        target: TenantStatus,
+    ) -> Result<bool, Rejection> {
         match (t.status, target) {
             (TenantStatus::Closed, TenantStatus::Closed) => {
                 let before = self.staged_len();
-                self.close_cascade(&t.tenant_id)?;
+                self.close_cascade(&t.tenant_id, actor)?;
                 Ok(self.staged_len() > before)
             }
             (TenantStatus::Closed, _) => Err(Rejection::Conflict(format!(
@@ -131,10 +156,46 @@ impl Tx<'_> {
             ))),
             (from, to) if from == to => Ok(false),
             _ => {
-                self.restatus_tenant(t.clone(), target)?;
+                let action = match target {
+                    TenantStatus::Suspended => "suspend",
+                    TenantStatus::Active => "reactivate",
+                    TenantStatus::Closed => "close",
+                };
+                let correlation = format!("tenant_bulk_action:{action}:{}", self.request_id());
+                self.restatus_tenant(actor, t, target, correlation)?;
                 Ok(true)
             }
         }
+    }
+
+    fn bulk_webhooks(&mut self, op: BulkWebhooks) -> Result<Idempotent<BulkResult>, Rejection> {
+        self.require_admin(&op.actor)?;
+        let key = IdemKey {
+            tenant_id: Arc::from(ADMIN_NAMESPACE),
+            endpoint: Endpoint::WebhooksBulk,
+            key: op.idem.key.clone(),
+        };
+        self.once(Some((key, op.idem.fingerprint)), |tx| {
+            let state = tx.state;
+            let matching: Vec<_> = state
+                .webhooks
+                .subscriptions
+                .values()
+                .filter(|w| op.filter.admits(w))
+                .collect();
+            let mut outcomes = Outcomes::matched(matching.len(), op.expected_count)?;
+            let name = match op.action {
+                WebhookAction::Pause => "pause",
+                WebhookAction::Resume => "resume",
+                WebhookAction::Delete => "delete",
+            };
+            let correlation = format!("webhook_bulk_action:{name}:{}", tx.request_id());
+            for w in matching {
+                let row = tx.row(|tx| tx.webhook_row(&op.actor, w, op.action, &correlation));
+                outcomes.record(&w.subscription_id, row);
+            }
+            Ok((outcomes.result, BULK_RETENTION_MS))
+        })
     }
 
     fn bulk_budgets(&mut self, op: BulkBudgets) -> Result<Idempotent<BulkResult>, Rejection> {
@@ -173,7 +234,20 @@ impl Tx<'_> {
                         return Ok(false);
                     }
                     let funded = fund(b, op.operation, op.amount, op.spent)?;
-                    tx.put_budgets(vec![funded])?;
+                    tx.put_budgets(vec![funded.clone()])?;
+                    let correlation = format!(
+                        "budget_bulk_action:{}:{}",
+                        upper(op.operation).to_lowercase(),
+                        tx.request_id()
+                    );
+                    let spent_provided = op.spent.is_some();
+                    tx.funding_events(
+                        &op.actor,
+                        (b, &funded),
+                        op.operation,
+                        spent_provided,
+                        Some(correlation),
+                    );
                     Ok(true)
                 });
                 outcomes.record(&b.ledger_id, row);

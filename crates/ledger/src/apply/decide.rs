@@ -40,12 +40,24 @@ impl Tx<'_> {
                         affected_scopes: scopes,
                     }
                 }
-                Err(Blocked::Deny(reason, _)) => DecideResult {
-                    decision: Decision::Deny,
-                    reason_code: Some(reason.to_string()),
-                    caps: None,
-                    affected_scopes: scopes,
-                },
+                Err(Blocked::Deny(reason, _)) => {
+                    let tenant_scope = scopes.first().cloned().unwrap_or_default();
+                    tx.denied_event(super::reserve::Denial {
+                        actor: &cmd.actor,
+                        tenant_id: &caller.tenant_id,
+                        scope: &tenant_scope,
+                        unit: cmd.unit,
+                        requested: cmd.estimate,
+                        reason,
+                        action: None,
+                    });
+                    DecideResult {
+                        decision: Decision::Deny,
+                        reason_code: Some(reason.to_string()),
+                        caps: None,
+                        affected_scopes: scopes,
+                    }
+                }
                 Err(Blocked::Error(e)) => return Err(e),
             };
             Ok((result, DAY_MS))

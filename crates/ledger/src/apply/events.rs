@@ -64,6 +64,7 @@ impl Tx<'_> {
                 charged: (charge.charged < cmd.actual).then_some(charge.charged),
                 balances: charge.budgets.iter().map(Balance::from).collect(),
             };
+            tx.balance_events(&cmd.actor, &charge.budgets, Some((None, policy)));
             tx.put_budgets(charge.budgets)?;
             Ok((result, EVENT_IDEMPOTENCY_MS))
         })

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use crate::{
     settle_commit, state::TERMINAL_RETENTION_MS, Balance, Budget, BudgetKey, CommitResult, Effect,
-    Endpoint, ExtendResult, IdemKey, Permission, Rejection, ReleaseResult, Reservation,
+    Endpoint, EventType, ExtendResult, IdemKey, Permission, Rejection, ReleaseResult, Reservation,
     ReservationStatus, TenantStatus, Unit,
 };
 
+use super::emit::{upper, NewEvent, RUNTIME_SOURCE, SWEEP_SOURCE};
 use super::{operation, Actor, Idempotency, Idempotent, Tx, DAY_MS};
 
 /// `POST /v1/reservations/{id}/commit`.
@@ -188,6 +189,11 @@ impl Tx<'_> {
                 released: (charge.charged < r.estimate).then(|| r.estimate - charge.charged),
                 balances: charge.budgets.iter().map(Balance::from).collect(),
             };
+            if cmd.actual > r.estimate {
+                tx.overage_event(&cmd.actor, &r, cmd.actual, &charge.budgets);
+            }
+            let debt = Some((Some(&*r.reservation_id), r.overage_policy));
+            tx.balance_events(&cmd.actor, &charge.budgets, debt);
             tx.put_budgets(charge.budgets)?;
             let mut committed = r;
             committed.status = ReservationStatus::Committed;
@@ -269,6 +275,63 @@ impl Tx<'_> {
 }
 
 /// `r` released at `now` (its hold is returned by the caller).
+impl Tx<'_> {
+    /// `reservation.commit_overage`: a commit of more than its reservation held.
+    fn overage_event(&mut self, actor: &Actor, r: &Reservation, actual: i64, after: &[Budget]) {
+        let debt_incurred: i64 = after
+            .iter()
+            .filter_map(|b| Some(b.debt - self.state.budget(&b.key())?.debt))
+            .max()
+            .unwrap_or(0)
+            .max(0);
+        let data = serde_json::json!({
+            "reservation_id": &*r.reservation_id,
+            "scope": &*r.scope_path,
+            "unit": r.unit.as_str(),
+            "estimated_amount": r.estimate,
+            "actual_amount": actual,
+            "overage": actual - r.estimate,
+            "overage_policy": upper(r.overage_policy),
+            "debt_incurred": debt_incurred,
+        });
+        let actor = self.event_actor(actor, true);
+        self.emit(NewEvent {
+            event_type: EventType::ReservationCommitOverage,
+            tenant_id: r.tenant_id.to_string(),
+            scope: Some(r.scope_path.to_string()),
+            actor,
+            source: RUNTIME_SOURCE,
+            data,
+            correlation_id: None,
+        });
+    }
+}
+
+impl Tx<'_> {
+    /// `reservation.expired`, by the sweep.
+    pub(crate) fn expired_event(&mut self, r: &Reservation) {
+        let data = serde_json::json!({
+            "reservation_id": &*r.reservation_id,
+            "scope": &*r.scope_path,
+            "unit": r.unit.as_str(),
+            "estimated_amount": r.estimate,
+            "created_at": crate::format_rfc3339(r.created_at_ms),
+            "expired_at": crate::format_rfc3339(self.now),
+            "ttl_ms": r.expires_at_ms - r.created_at_ms,
+            "extensions_used": r.extension_count,
+        });
+        self.emit(NewEvent {
+            event_type: EventType::ReservationExpired,
+            tenant_id: r.tenant_id.to_string(),
+            scope: Some(r.scope_path.to_string()),
+            actor: Self::system_actor(),
+            source: SWEEP_SOURCE,
+            data,
+            correlation_id: None,
+        });
+    }
+}
+
 pub(crate) fn released(mut r: Reservation, now: i64, reason: Option<String>) -> Reservation {
     r.status = ReservationStatus::Released;
     r.finalized_at_ms = Some(now);

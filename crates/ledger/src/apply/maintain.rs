@@ -50,6 +50,7 @@ impl Tx<'_> {
                     reservation_id: id.clone(),
                     at_ms: now,
                 });
+                self.expired_event(r);
                 expired += 1;
             }
         }

@@ -12,6 +12,7 @@ mod auth;
 mod budgets;
 mod bulk;
 mod decide;
+mod emit;
 mod events;
 mod lifecycle;
 mod maintain;
@@ -22,6 +23,7 @@ mod reads;
 mod reserve;
 mod sorted;
 mod tenants;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -35,8 +37,9 @@ pub use budgets::{
     CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget, NewBudget, SetBudgetFrozen,
     UpdateBudget,
 };
-pub use bulk::{BulkBudgets, BulkTenants, BULK_LIMIT};
+pub use bulk::{BulkBudgets, BulkTenants, BulkWebhooks, WebhookAction, BULK_LIMIT};
 pub use decide::Decide;
+pub use emit::NewEvent;
 pub use events::RecordEvent;
 pub use lifecycle::{Commit, Extend, Extended, Release};
 pub use maintain::{Maintain, Maintained};
@@ -52,8 +55,13 @@ pub use tenants::{
     CreateTenant, GetTenant, ListTenants, NewTenant, TenantFilter, TenantListQuery, TenantPatch,
     TenantSort, TenantWritten, UpdateTenant, TENANT_CLOSED_REASON,
 };
+pub use webhooks::{
+    Attempt, CreateWebhook, DeleteWebhook, DueDeliveries, DueDelivery, GetWebhook,
+    GetWebhookSecurity, ListWebhooks, NewWebhook, QueueReplay, RecordAttempt, SetWebhookSecurity,
+    UpdateWebhook, WebhookFilter, WebhookPatch, WebhookPlane, WebhookSort,
+};
 
-use crate::{Budget, BudgetKey, Effect, Millis, Rejection, State};
+use crate::{Budget, BudgetKey, Effect, Millis, Origin, Rejection, State};
 
 /// One operation of the state machine: its request is the implementing type, its answer
 /// [`Operation::Output`]. Implemented in this module tree only (sealed), each next to the
@@ -99,12 +107,26 @@ pub struct Applied<T> {
 
 /// Applies one operation at time `now`. Deterministic: no clock, no randomness, no I/O.
 pub fn apply<O: Operation>(state: &mut State, operation: O, now: Millis) -> Applied<O::Output> {
+    apply_in(state, operation, now, &Origin::default)
+}
+
+/// Applies one operation on behalf of a request: its events carry the request's origin,
+/// asked of `origin` only when the operation emits one (most emit none).
+pub fn apply_in<O: Operation>(
+    state: &mut State,
+    operation: O,
+    now: Millis,
+    origin: &dyn Fn() -> Origin,
+) -> Applied<O::Output> {
     let mut tx = Tx {
         state,
         staged: Vec::new(),
         lapsed: Vec::new(),
         tenant: None,
         now,
+        origin,
+        asked: std::cell::OnceCell::new(),
+        numbered: Numbered::default(),
     };
     let result = operation.run(&mut tx);
     let Tx {
@@ -147,9 +169,25 @@ pub struct Tx<'a> {
     lapsed: Vec<Effect>,
     pub(crate) tenant: Option<Arc<str>>,
     pub(crate) now: Millis,
+    origin: &'a dyn Fn() -> Origin,
+    /// The origin, once asked for.
+    asked: std::cell::OnceCell<Origin>,
+    /// Events and deliveries numbered so far by this operation.
+    pub(crate) numbered: Numbered,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Numbered {
+    pub(crate) events: u64,
+    pub(crate) deliveries: u64,
 }
 
 impl Tx<'_> {
+    /// The origin of the request this operation serves.
+    pub(crate) fn origin(&self) -> &Origin {
+        self.asked.get_or_init(|| (self.origin)())
+    }
+
     /// Stages an effect, applied when the operation succeeds.
     pub(crate) fn put(&mut self, effect: Effect) {
         self.staged.push(effect);

@@ -3,11 +3,12 @@
 use std::ops::Bound;
 
 use crate::{
-    pattern_matches, Caps, Effect, Millis, OveragePolicy, Permission, Policy, PolicyStatus,
-    RateLimits, Rejection, TtlOverride,
+    pattern_matches, Caps, Effect, EventType, Millis, OveragePolicy, Permission, Policy,
+    PolicyStatus, RateLimits, Rejection, TtlOverride,
 };
 
 use super::auth::scope_filter_allows;
+use super::emit::{changed, NewEvent, ADMIN_SOURCE};
 use super::{operation, Actor, Page, Tx};
 
 /// `POST /v1/admin/policies`.
@@ -105,7 +106,34 @@ impl Tx<'_> {
             updated_at_ms: self.now,
         };
         self.put(Effect::PutPolicy(policy.clone()));
+        self.policy_event(&op.actor, EventType::PolicyCreated, &policy, Vec::new());
         Ok(policy)
+    }
+
+    /// Stages one `policy.*` event (`EventDataPolicy`; its scope is the pattern).
+    fn policy_event(
+        &mut self,
+        actor: &Actor,
+        event_type: EventType,
+        p: &Policy,
+        changed_fields: Vec<String>,
+    ) {
+        let actor = self.event_actor(actor, true);
+        let data = serde_json::json!({
+            "policy_id": p.policy_id,
+            "name": p.name,
+            "scope_pattern": p.scope_pattern,
+            "changed_fields": changed_fields,
+        });
+        self.emit(NewEvent {
+            event_type,
+            tenant_id: p.tenant_id.clone(),
+            scope: Some(p.scope_pattern.clone()),
+            actor,
+            source: ADMIN_SOURCE,
+            data,
+            correlation_id: None,
+        });
     }
 
     fn list_policies(&mut self, op: ListPolicies) -> Result<Page<Policy>, Rejection> {
@@ -152,6 +180,7 @@ impl Tx<'_> {
         }
         self.within_scope_filter(&op.actor, &p.scope_pattern)?;
         self.writable_tenant(&p.tenant_id)?;
+        let before = p.clone();
         let PolicyPatch {
             name,
             description,
@@ -176,6 +205,29 @@ impl Tx<'_> {
         p.status = status.unwrap_or(p.status);
         p.updated_at_ms = self.now;
         self.put(Effect::PutPolicy(p.clone()));
+        let b = &before;
+        let fields = changed(&[
+            ("name", b.name != p.name),
+            ("description", b.description != p.description),
+            ("priority", b.priority != p.priority),
+            ("caps", b.caps != p.caps),
+            (
+                "commit_overage_policy",
+                b.commit_overage_policy != p.commit_overage_policy,
+            ),
+            (
+                "reservation_ttl_override",
+                b.reservation_ttl_override != p.reservation_ttl_override,
+            ),
+            ("rate_limits", b.rate_limits != p.rate_limits),
+            ("effective_from", b.effective_from_ms != p.effective_from_ms),
+            (
+                "effective_until",
+                b.effective_until_ms != p.effective_until_ms,
+            ),
+            ("status", b.status != p.status),
+        ]);
+        self.policy_event(&op.actor, EventType::PolicyUpdated, &p, fields);
         Ok(p)
     }
 

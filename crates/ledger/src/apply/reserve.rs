@@ -83,17 +83,29 @@ impl Tx<'_> {
         match self.admit(tenant_id, &place.scopes, cmd.unit, cmd.estimate) {
             Err(Blocked::Error(e)) => Err(e),
             Err(Blocked::Deny(_, e)) if !cmd.dry_run => Err(e),
-            Err(Blocked::Deny(reason, _)) => Ok(ReserveResult {
-                decision: Decision::Deny,
-                reservation_id: None,
-                expires_at_ms: None,
-                reserved: None,
-                scope_path: place.scope_path,
-                affected_scopes: place.scopes,
-                balances: Vec::new(),
-                reason_code: Some(reason.to_string()),
-                caps: None,
-            }),
+            Err(Blocked::Deny(reason, _)) => {
+                let denial = Denial {
+                    actor: &cmd.actor,
+                    tenant_id,
+                    scope: &place.scope_path,
+                    unit: cmd.unit,
+                    requested: cmd.estimate,
+                    reason,
+                    action: Some(&cmd.action),
+                };
+                self.denied_event(denial);
+                Ok(ReserveResult {
+                    decision: Decision::Deny,
+                    reservation_id: None,
+                    expires_at_ms: None,
+                    reserved: None,
+                    scope_path: place.scope_path,
+                    affected_scopes: place.scopes,
+                    balances: Vec::new(),
+                    reason_code: Some(reason.to_string()),
+                    caps: None,
+                })
+            }
             Ok(budgets) if cmd.dry_run => {
                 let caps = self.caps_for(tenant_id, &place.scope_path).map(Box::new);
                 Ok(ReserveResult {
@@ -194,6 +206,7 @@ impl Tx<'_> {
             return Err(Rejection::Internal("reservation id collision".into()));
         }
         let balances = budgets.iter().map(Balance::from).collect();
+        self.balance_events(&cmd.actor, &budgets, None);
         self.put_budgets(budgets)?;
         let result = ReserveResult {
             decision: decision_with(&caps),
@@ -208,5 +221,41 @@ impl Tx<'_> {
         };
         self.put(Effect::PutReservation(Arc::new(reservation)));
         Ok(result)
+    }
+}
+
+/// A DENY of an evaluation (a dry run or `/v1/decide`): what its event names.
+pub(crate) struct Denial<'a> {
+    pub(crate) actor: &'a Actor,
+    pub(crate) tenant_id: &'a str,
+    pub(crate) scope: &'a str,
+    pub(crate) unit: crate::Unit,
+    pub(crate) requested: i64,
+    pub(crate) reason: &'static str,
+    pub(crate) action: Option<&'a Action>,
+}
+
+impl Tx<'_> {
+    /// `reservation.denied`.
+    pub(crate) fn denied_event(&mut self, d: Denial<'_>) {
+        let mut data = serde_json::json!({
+            "scope": d.scope,
+            "unit": d.unit.as_str(),
+            "reason_code": d.reason,
+            "requested_amount": d.requested,
+        });
+        if let Some(a) = d.action {
+            data["action"] = serde_json::json!({ "kind": a.kind, "name": a.name });
+        }
+        let actor = self.event_actor(d.actor, true);
+        self.emit(super::emit::NewEvent {
+            event_type: crate::EventType::ReservationDenied,
+            tenant_id: d.tenant_id.to_string(),
+            scope: Some(d.scope.to_string()),
+            actor,
+            source: super::emit::RUNTIME_SOURCE,
+            data,
+            correlation_id: None,
+        });
     }
 }

@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use crate::tenant;
 use crate::{
-    ApiKey, ApiKeyStatus, Budget, BudgetKey, BudgetStatus, Effect, ExpiryPolicy, OveragePolicy,
-    Position, Rejection, ReservationStatus, SortBy, SortValue, Tenant, TenantStatus, Unit,
+    ApiKey, ApiKeyStatus, Budget, BudgetKey, BudgetStatus, Effect, EventType, ExpiryPolicy,
+    OveragePolicy, Position, Rejection, ReservationStatus, SortBy, SortValue, Tenant, TenantStatus,
+    Unit, WebhookStatus, WebhookSubscription,
 };
 
+use super::emit::{changed, upper, NewEvent, ADMIN_SOURCE};
 use super::lifecycle::{released, Returns};
 use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Tx};
@@ -178,6 +180,7 @@ impl Tx<'_> {
             closed_at_ms: None,
         };
         self.put(Effect::PutTenant(t.clone()));
+        self.tenant_events(&op.actor, None, &t, None);
         Ok(TenantWritten {
             tenant: t,
             created: true,
@@ -222,10 +225,91 @@ impl Tx<'_> {
         }
         t.updated_at_ms = self.now;
         self.put(Effect::PutTenant(t.clone()));
+        let state = self.state;
+        let before = state.tenants.get(&op.tenant_id);
+        let correlation = closing.then(|| self.cascade_correlation(&t.tenant_id));
+        self.tenant_events(&op.actor, before, &t, correlation);
         if closing {
-            self.close_cascade(&t.tenant_id)?;
+            self.close_cascade(&t.tenant_id, &op.actor)?;
         }
         Ok(t)
+    }
+
+    /// `tenant_close_cascade:<tenant>:<request>`: the close and everything it cascades to.
+    fn cascade_correlation(&self, tenant_id: &str) -> String {
+        format!("tenant_close_cascade:{tenant_id}:{}", self.request_id())
+    }
+
+    /// The events of a tenant written from `before` (none: created) to `after`: one for a
+    /// status change, one for changed settings (the defaults runtime requests inherit), one
+    /// for the rest (name, metadata).
+    pub(crate) fn tenant_events(
+        &mut self,
+        actor: &Actor,
+        before: Option<&Tenant>,
+        after: &Tenant,
+        correlation: Option<String>,
+    ) {
+        let actor = self.event_actor(actor, false);
+        let emit = |tx: &mut Self, event_type, changed_fields: Vec<String>| {
+            let mut data = serde_json::json!({
+                "tenant_id": after.tenant_id,
+                "new_status": upper(after.status),
+                "changed_fields": changed_fields,
+            });
+            if let Some(b) = before {
+                data["previous_status"] = upper(b.status).into();
+            }
+            tx.emit(NewEvent {
+                event_type,
+                tenant_id: after.tenant_id.clone(),
+                scope: None,
+                actor: actor.clone(),
+                source: ADMIN_SOURCE,
+                data,
+                correlation_id: correlation.clone(),
+            });
+        };
+        let Some(b) = before else {
+            emit(self, EventType::TenantCreated, Vec::new());
+            return;
+        };
+        if b.status != after.status {
+            let event_type = match after.status {
+                TenantStatus::Suspended => EventType::TenantSuspended,
+                TenantStatus::Closed => EventType::TenantClosed,
+                TenantStatus::Active => EventType::TenantReactivated,
+            };
+            emit(self, event_type, Vec::new());
+        }
+        let settings = changed(&[
+            (
+                "default_commit_overage_policy",
+                b.default_commit_overage_policy != after.default_commit_overage_policy,
+            ),
+            (
+                "default_reservation_ttl_ms",
+                b.default_reservation_ttl_ms != after.default_reservation_ttl_ms,
+            ),
+            (
+                "max_reservation_ttl_ms",
+                b.max_reservation_ttl_ms != after.max_reservation_ttl_ms,
+            ),
+            (
+                "max_reservation_extensions",
+                b.max_reservation_extensions != after.max_reservation_extensions,
+            ),
+        ]);
+        if !settings.is_empty() {
+            emit(self, EventType::TenantSettingsChanged, settings);
+        }
+        let other = changed(&[
+            ("name", b.name != after.name),
+            ("metadata", b.metadata != after.metadata),
+        ]);
+        if !other.is_empty() {
+            emit(self, EventType::TenantUpdated, other);
+        }
     }
 
     fn list_tenants(&mut self, op: ListTenants) -> Result<SortedPage<Tenant>, Rejection> {
@@ -239,14 +323,18 @@ impl Tx<'_> {
     /// when that closes it (a bulk action's row).
     pub(crate) fn restatus_tenant(
         &mut self,
-        mut t: Tenant,
+        actor: &Actor,
+        before: &Tenant,
         status: TenantStatus,
+        correlation: String,
     ) -> Result<(), Rejection> {
+        let mut t = before.clone();
         let closing = stamp_status(&mut t, status, self.now);
         t.updated_at_ms = self.now;
         self.put(Effect::PutTenant(t.clone()));
+        self.tenant_events(actor, Some(before), &t, Some(correlation));
         if closing {
-            self.close_cascade(&t.tenant_id)?;
+            self.close_cascade(&t.tenant_id, actor)?;
         }
         Ok(())
     }
@@ -255,8 +343,18 @@ impl Tx<'_> {
     /// reservations are released (their holds return), its budgets closed and its ACTIVE
     /// API keys revoked, in the same step as the status change. Reads of the closed tenant's
     /// objects stay open to the admin key; every mutation is refused with TENANT_CLOSED.
-    pub(crate) fn close_cascade(&mut self, tenant_id: &str) -> Result<(), Rejection> {
-        self.revoke_tenant_keys(tenant_id);
+    pub(crate) fn close_cascade(
+        &mut self,
+        tenant_id: &str,
+        actor: &Actor,
+    ) -> Result<(), Rejection> {
+        let cascade = Cascade {
+            tenant_id: tenant_id.to_string(),
+            actor: self.event_actor(actor, false),
+            correlation: self.cascade_correlation(tenant_id),
+        };
+        self.revoke_tenant_keys(&cascade);
+        self.disable_tenant_webhooks(&cascade);
         let state = self.state;
         let active = state
             .list_index
@@ -272,11 +370,19 @@ impl Tx<'_> {
                 )
             });
         let mut returns = Returns::default();
+        let mut drained: BTreeMap<BudgetKey, i64> = BTreeMap::new();
         for id in active {
             let Some(r) = state.reservation(id) else {
                 continue;
             };
             returns.take_back(self, r)?;
+            for scope in r.budgeted_scopes.iter() {
+                let key = BudgetKey {
+                    scope: scope.clone(),
+                    unit: r.unit,
+                };
+                *drained.entry(key).or_default() += r.estimate;
+            }
             let reason = Some("tenant_closed".to_string());
             let r = released(r.clone(), self.now, reason);
             self.put(Effect::PutReservation(Arc::new(r)));
@@ -298,23 +404,84 @@ impl Tx<'_> {
                 ..b.clone()
             })
             .collect();
+        for b in &budgets {
+            let prior = state.budget(&b.key()).map(|p| p.status.as_str());
+            if let Some(released) = drained.get(&b.key()) {
+                let data = serde_json::json!({
+                    "ledger_id": &*b.ledger_id, "scope": &*b.scope, "unit": b.unit.as_str(),
+                    "released_amount": released, "cascade_reason": "tenant_closed",
+                });
+                cascade.emit(
+                    self,
+                    EventType::ReservationReleasedViaTenantCascade,
+                    Some(&b.scope),
+                    data,
+                );
+            }
+            let data = serde_json::json!({
+                "ledger_id": &*b.ledger_id, "scope": &*b.scope, "unit": b.unit.as_str(),
+                "prior_status": prior, "new_status": "CLOSED", "cascade_reason": "tenant_closed",
+            });
+            cascade.emit(
+                self,
+                EventType::BudgetClosedViaTenantCascade,
+                Some(&b.scope),
+                data,
+            );
+        }
         self.put_budgets(budgets)
     }
 
     /// Revokes every ACTIVE key of the tenant (an expired one is left as it is: it is
     /// already unusable, and its record says why).
-    fn revoke_tenant_keys(&mut self, tenant_id: &str) {
+    fn revoke_tenant_keys(&mut self, cascade: &Cascade) {
         let state = self.state;
         let now = self.now;
         for key in state.api_keys.values() {
-            if &*key.tenant_id == tenant_id && key.effective_status(now) == ApiKeyStatus::Active {
+            if *key.tenant_id == *cascade.tenant_id
+                && key.effective_status(now) == ApiKeyStatus::Active
+            {
                 self.put(Effect::PutApiKey(ApiKey {
                     status: ApiKeyStatus::Revoked,
                     revoked_at_ms: Some(now),
                     revoked_reason: Some(TENANT_CLOSED_REASON.to_string()),
                     ..key.clone()
                 }));
+                let data = serde_json::json!({
+                    "key_id": key.key_id, "name": key.name, "prior_status": "ACTIVE",
+                    "new_status": "REVOKED", "cascade_reason": "tenant_closed",
+                });
+                cascade.emit(self, EventType::ApiKeyRevokedViaTenantCascade, None, data);
             }
+        }
+    }
+
+    /// Disables every subscription of the tenant that is not DISABLED already.
+    fn disable_tenant_webhooks(&mut self, cascade: &Cascade) {
+        let webhooks = &self.state.webhooks;
+        let owned: Vec<_> = webhooks
+            .by_owner
+            .get(&cascade.tenant_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| webhooks.subscriptions.get(id))
+            .filter(|w| w.status != WebhookStatus::Disabled)
+            .cloned()
+            .collect();
+        for w in owned {
+            let data = serde_json::json!({
+                "subscription_id": w.subscription_id, "name": w.name,
+                "prior_status": upper(w.status), "new_status": "DISABLED",
+                "cascade_reason": "tenant_closed",
+            });
+            self.put(Effect::PutWebhook(std::sync::Arc::new(
+                WebhookSubscription {
+                    status: WebhookStatus::Disabled,
+                    updated_at_ms: self.now,
+                    ..(*w).clone()
+                },
+            )));
+            cascade.emit(self, EventType::WebhookDisabledViaTenantCascade, None, data);
         }
     }
 
@@ -337,6 +504,33 @@ impl Tx<'_> {
                 "Tenant is SUSPENDED: {tenant_id}"
             ))),
         }
+    }
+}
+
+/// What a tenant's close tells the events of its cascade.
+struct Cascade {
+    tenant_id: String,
+    actor: crate::EventActor,
+    correlation: String,
+}
+
+impl Cascade {
+    fn emit(
+        &self,
+        tx: &mut Tx<'_>,
+        event_type: EventType,
+        scope: Option<&str>,
+        data: serde_json::Value,
+    ) {
+        tx.emit(NewEvent {
+            event_type,
+            tenant_id: self.tenant_id.clone(),
+            scope: scope.map(str::to_string),
+            actor: self.actor.clone(),
+            source: ADMIN_SOURCE,
+            data,
+            correlation_id: Some(self.correlation.clone()),
+        });
     }
 }
 

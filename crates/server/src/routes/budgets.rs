@@ -210,12 +210,13 @@ async fn set_frozen(
     let (scope, unit) = app
         .validated(&actor, Plane::Admin, || budget_address(&raw))
         .await?;
-    let _: BudgetStatusTransitionRequest = optional_admin_body(app, &actor, bytes).await?;
+    let request: BudgetStatusTransitionRequest = optional_admin_body(app, &actor, bytes).await?;
     let operation = SetBudgetFrozen {
         actor,
         scope,
         unit,
         frozen,
+        reason: request.reason,
     };
     let (budget, _) = app.mutate(operation, Plane::Admin).await?;
     budget_answer(budget, StatusCode::OK, None)

@@ -10,6 +10,7 @@ mod body;
 mod budgets;
 mod decisions;
 mod docs;
+mod event_log;
 mod events;
 mod health;
 mod metrics;
@@ -17,6 +18,7 @@ mod overview;
 mod policies;
 mod reservations;
 mod tenants;
+mod webhooks;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
@@ -74,13 +76,22 @@ pub fn operations() -> OpenApiRouter<Arc<App>> {
 /// layer costs every request a boxed service and a boxed future.
 async fn every_request(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
     let correlation = Correlation::of(request.headers());
+    let text = |v: &axum::http::HeaderValue| v.to_str().ok().map(str::to_string);
+    let origin = ledger::Origin {
+        request_id: text(&correlation.request_id),
+        trace_id: text(&correlation.trace_id),
+        source_ip: request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| peer.ip().to_string()),
+    };
     if crate::audit::applies(request.method(), request.uri().path(), request.headers()) {
         request.extensions_mut().insert(AuditIds {
             request_id: correlation.request_id.clone(),
             trace_id: correlation.trace_id.clone(),
         });
     }
-    let response = metrics::observe(&app, request, next).await;
+    let response = crate::origin::within(origin, metrics::observe(&app, request, next)).await;
     correlation::finish(response, correlation)
 }
 
@@ -177,7 +188,9 @@ fn api_routes(app: Option<&Arc<App>>) -> OpenApiRouter<Arc<App>> {
         .merge(overview::routes())
         .merge(audit::routes())
         .merge(budgets::routes())
-        .merge(policies::routes());
+        .merge(policies::routes())
+        .merge(webhooks::routes())
+        .merge(event_log::routes());
     let auditable = match app {
         Some(app) => auditable.route_layer(middleware::from_fn_with_state(app.clone(), audited)),
         None => auditable,

@@ -23,3 +23,4 @@ mod policies;
 mod sdk_rust;
 mod tenancy;
 mod tenant_status;
+mod webhooks;

@@ -28,13 +28,13 @@ use std::task::{Context, Poll};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
-use ledger::{apply, AuditEntry, Effect, Operation, State};
+use ledger::{apply_in, Effect, Operation, State};
 
 use super::journal::{encode_record, JournalRecord, JournalWriter, HEADER_LEN};
 use super::snapshot;
 use super::waiters::{WaitKey, Waiters};
-use crate::history::{Entries, Projector};
-use crate::{AuditFacts, AuditFn, Clock, Reply, StoreError};
+use crate::history::{Entries, Item, Projector};
+use crate::{AuditFacts, Clock, Reply, RequestContext, StoreError};
 
 /// Counters shared with `/metrics`.
 #[derive(Debug, Default)]
@@ -127,8 +127,9 @@ impl Shared {
         &self,
         operation: O,
         wake_syncer: bool,
-        audit: Option<AuditFn<O::Output>>,
+        context: RequestContext<O::Output>,
     ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
+        let RequestContext { origin, audit } = context;
         let mut ledger = lock(&self.ledger)?;
         if ledger.closed {
             return Err(StoreError::ShuttingDown);
@@ -138,7 +139,7 @@ impl Shared {
         }
         let now = self.clock.now_ms().max(ledger.last_now);
         ledger.last_now = now;
-        let mut applied = apply(&mut ledger.state, operation, now);
+        let mut applied = apply_in(&mut ledger.state, operation, now, &origin);
         let entry = audit.and_then(|audit| {
             audit(AuditFacts {
                 result: &applied.result,
@@ -147,19 +148,13 @@ impl Shared {
                 now,
             })
         });
-        // Journaled, the entry goes with the record's effects and waits beside the frame for
-        // the round; without a journal it goes straight to the history store, once the lock
-        // is let go.
-        let mut journaled_entry: Option<AuditEntry> = None;
-        let mut unjournaled: Option<AuditEntry> = None;
         if let Some(entry) = entry {
-            if ledger.journaled {
-                applied.effects.push(Effect::Audit(Box::new(entry.clone())));
-                journaled_entry = Some(entry);
-            } else {
-                unjournaled = Some(entry);
-            }
+            applied.effects.push(Effect::Audit(Box::new(entry)));
         }
+        // What the record leaves in the history store (its events, deliveries and audit
+        // entry). Journaled, it waits beside the frame for the round; without a journal it
+        // goes straight to the history store, once the lock is let go.
+        let mut items: Vec<Item> = applied.effects.iter().filter_map(Item::of).collect();
         if ledger.journaled && !applied.effects.is_empty() {
             let record = JournalRecord {
                 seq: ledger.next_seq,
@@ -172,11 +167,11 @@ impl Shared {
                 self.fail(e.to_string());
                 return Err(StoreError::Unavailable(e.to_string()));
             }
-            // Only an entry whose frame is in the buffer: never one without its record.
-            if let Some(entry) = journaled_entry {
-                let seq = ledger.next_seq;
-                ledger.history.push((seq, entry));
-            }
+            // Only history whose frame is in the buffer: never any without its record.
+            let seq = ledger.next_seq;
+            ledger
+                .history
+                .extend(items.drain(..).map(|item| (seq, item)));
             ledger.next_seq += 1;
             if was_idle && wake_syncer {
                 self.work.notify_one();
@@ -188,9 +183,11 @@ impl Shared {
         let seen = ledger.next_seq - 1;
         let wait =
             (ledger.journaled && self.durable_seq.load(Ordering::Acquire) < seen).then_some(seen);
+        let journaled = ledger.journaled;
         drop(ledger);
-        if let Some(entry) = unjournaled {
-            self.projector.project(0, vec![(0, entry)]);
+        if !journaled && !items.is_empty() {
+            self.projector
+                .project(0, items.into_iter().map(|item| (0, item)).collect());
         }
         let reply = Reply {
             result: applied.result,

@@ -21,10 +21,11 @@ use std::thread::{self, JoinHandle};
 
 use std::time::Duration;
 
-use ledger::{AuditPage, AuditQuery, Operation, State};
+use ledger::{Operation, State};
 
+use crate::history::History;
 use crate::history::{Projector, Retention};
-use crate::{AuditFn, Clock, Health, Load, Metric, Reply, Store, StoreError};
+use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
 use commit::{Counters, Ledger, Shared, Syncer};
 use journal::{JournalWriter, HEADER_LEN};
 pub use recovery::{recover, recover_with_history, Recovered};
@@ -93,11 +94,11 @@ pub struct OpenReport {
     pub truncated_bytes: u64,
     pub last_seq: u64,
     pub reservations: usize,
-    /// Audit entries taken from the journal into the history store at start (those a crash
+    /// History (audit entries, events, deliveries) taken from the journal into the history store at start (those a crash
     /// left on their way).
-    pub audit_reprojected: usize,
-    /// Audit entries deleted at start because the history store was ahead of the journal.
-    pub audit_trimmed: u64,
+    pub history_reprojected: usize,
+    /// History rows deleted at start because the history store was ahead of the journal.
+    pub history_trimmed: u64,
 }
 
 pub struct EmbeddedStore {
@@ -180,9 +181,9 @@ impl EmbeddedStore {
         &self,
         operation: O,
         load: Load,
-        audit: Option<AuditFn<O::Output>>,
+        context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
-        let (reply, wait) = self.apply(operation, load, audit)?;
+        let (reply, wait) = self.apply(operation, load, context)?;
         if let Some(seq) = wait {
             self.shared.wait_durable(seq).await?;
         }
@@ -195,13 +196,13 @@ impl EmbeddedStore {
         &self,
         operation: O,
         load: Load,
-        audit: Option<AuditFn<O::Output>>,
+        context: RequestContext<O::Output>,
     ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
         let journal = match (load, &self.shared.journal) {
             (Load::Alone, Some(journal)) => journal.try_lock().ok(),
             _ => None,
         };
-        let (reply, wait) = self.shared.apply(operation, journal.is_none(), audit)?;
+        let (reply, wait) = self.shared.apply(operation, journal.is_none(), context)?;
         if let (Some(mut journal), Some(_)) = (journal, wait) {
             self.shared.sync_alone(&mut journal)?;
         }
@@ -234,13 +235,13 @@ fn open_durable(
     let held = projector.history().held_seq()?;
     let mut backlog = Vec::new();
     let recovered = recover_with_history(dir, true, held, |seq, entry| {
-        backlog.push((seq, entry.clone()));
+        backlog.push((seq, entry));
     })?;
     if !backlog.is_empty() {
         projector.history().append(recovered.last_seq, &backlog)?;
     }
     // Ahead of the journal: entries without their changes, which a restart must not keep.
-    let audit_trimmed = if held > recovered.last_seq {
+    let history_trimmed = if held > recovered.last_seq {
         let trimmed = projector.history().trim_after(recovered.last_seq)?;
         tracing::warn!(
             history_seq = held,
@@ -268,8 +269,8 @@ fn open_durable(
         truncated_bytes: recovered.truncated_bytes,
         last_seq: recovered.last_seq,
         reservations: recovered.state.reservation_count(),
-        audit_reprojected: backlog.len(),
-        audit_trimmed,
+        history_reprojected: backlog.len(),
+        history_trimmed,
     };
     Ok((recovered.state, journal, lock, report, projector))
 }
@@ -280,26 +281,30 @@ impl Store for EmbeddedStore {
         operation: O,
         load: Load,
     ) -> Result<Reply<O::Output>, StoreError> {
-        self.run(operation, load, None).await
+        self.run(operation, load, RequestContext::default()).await
     }
 
-    async fn execute_audited<O: Operation>(
+    async fn execute_in<O: Operation>(
         &self,
         operation: O,
         load: Load,
-        audit: AuditFn<O::Output>,
+        context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
-        self.run(operation, load, Some(audit)).await
+        self.run(operation, load, context).await
     }
 
-    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
+    async fn read_history<T, F>(&self, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn History) -> io::Result<T> + Send + 'static,
+    {
         let history = self.shared.projector.history().clone();
         let progress = self.shared.projector.progress().clone();
         let read = move || {
-            // Read your writes: the entries of changes acknowledged so far are written
+            // Read your writes: the history of changes acknowledged so far is written
             // first (a few milliseconds behind at most, unless the disk is failing).
             progress.wait_caught_up(HISTORY_CATCH_UP);
-            history.audit_page(&query)
+            read(&*history)
         };
         match tokio::task::spawn_blocking(read).await {
             Ok(Ok(page)) => Ok(page),

@@ -8,7 +8,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use ledger::{AuditEntry, Effect, State};
+use ledger::State;
+
+use crate::history::Item;
 
 use super::files::{list_segments, list_snapshots};
 use super::journal::{read_segment, truncate_segment};
@@ -35,14 +37,15 @@ pub fn recover(dir: &Path, repair: bool) -> io::Result<Recovered> {
     recover_with_history(dir, repair, u64::MAX, |_, _| {})
 }
 
-/// Recovers the state as [`recover`] does, and hands the audit entries of the records after
-/// `history_held` (the last one the history store holds) to `on_audit`, whether or not a
+/// Recovers the state as [`recover`] does, and hands the history (audit entries, events,
+/// deliveries) of the records after `history_held` (the last one the history store holds)
+/// to `on_history`, whether or not a
 /// snapshot covers them: the journal keeps those records until the history store has them.
 pub fn recover_with_history(
     dir: &Path,
     repair: bool,
     history_held: u64,
-    mut on_audit: impl FnMut(u64, &AuditEntry),
+    mut on_history: impl FnMut(u64, Item),
 ) -> io::Result<Recovered> {
     let (mut state, snapshot_seq) = latest_snapshot(dir)?;
     let mut last_seq = snapshot_seq.unwrap_or(0);
@@ -54,10 +57,8 @@ pub fn recover_with_history(
         let mut gap = None;
         let end = read_segment(path, |record| {
             if record.seq > history_held {
-                for effect in &record.effects {
-                    if let Effect::Audit(entry) = effect {
-                        on_audit(record.seq, entry);
-                    }
+                for item in record.effects.iter().filter_map(Item::of) {
+                    on_history(record.seq, item);
                 }
             }
             if record.seq <= last_seq {

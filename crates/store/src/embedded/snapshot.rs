@@ -3,17 +3,24 @@
 //!
 //! File = `CYCS`, format version (u32 LE), last journal seq covered (u64 LE), payload length
 //! (u64 LE), CRC32C of the payload (u32 LE), payload (postcard-encoded [`SnapshotData`]).
+//!
+//! Version 2 added the webhook state at the end of the payload; a version-1 snapshot is
+//! still read (as [`SnapshotV1`], with no webhooks). The journal's format is unchanged: new
+//! effects were appended to the enum, so old records decode as they were.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use ledger::SnapshotData;
+use ledger::{SnapshotData, SnapshotV1};
 use serde::Serialize;
 
-use super::files::{
-    list_segments, list_snapshots, private_file, snapshot_path, sync_dir, FORMAT_VERSION,
-};
+use super::files::{list_segments, list_snapshots, private_file, snapshot_path, sync_dir};
+
+/// The snapshot format written.
+const SNAPSHOT_VERSION: u32 = 2;
+/// The snapshot format before webhooks, still read.
+const SNAPSHOT_VERSION_1: u32 = 1;
 
 const MAGIC: &[u8; 4] = b"CYCS";
 /// Magic, version, seq, payload length, payload CRC32C.
@@ -32,7 +39,7 @@ pub fn write_snapshot<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Resul
         .open(&tmp)?;
     let mut header = Vec::with_capacity(HEADER_LEN as usize);
     header.extend_from_slice(MAGIC);
-    header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     header.extend_from_slice(&seq.to_le_bytes());
     header.resize(HEADER_LEN as usize, 0);
     file.write_all(&header)?;
@@ -94,10 +101,17 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
     let len = u64::from_le_bytes(field(16, 8).try_into().expect("8 bytes"));
     let crc = u32::from_le_bytes(field(24, 4).try_into().expect("4 bytes"));
     let payload = &bytes[HEADER..];
-    if version != FORMAT_VERSION || payload.len() as u64 != len || crc32c::crc32c(payload) != crc {
+    if payload.len() as u64 != len || crc32c::crc32c(payload) != crc {
         return Ok(None);
     }
-    Ok(postcard::from_bytes(payload).ok().map(|data| (seq, data)))
+    let data = match version {
+        SNAPSHOT_VERSION => postcard::from_bytes(payload).ok(),
+        SNAPSHOT_VERSION_1 => postcard::from_bytes::<SnapshotV1>(payload)
+            .ok()
+            .map(SnapshotData::from),
+        _ => None,
+    };
+    Ok(data.map(|data| (seq, data)))
 }
 
 /// Writes a snapshot at `seq`, then deletes what it makes redundant. `history_floor`, asked

@@ -1,5 +1,5 @@
-//! The history store: what is append-only and historical (audit entries today; events and
-//! deliveries are to follow) lives on disk, indexed for the API's queries, never in the
+//! The history store: what is append-only and historical (audit entries, events, and the
+//! versions of every webhook delivery) lives on disk, indexed for the API's queries, never in the
 //! ledger's memory.
 //!
 //! The journal stays the one durable step: an entry is written in the journal record of the
@@ -9,6 +9,7 @@
 //! the journal's tail after it, and the journal is never pruned past what it holds (see
 //! [`Progress::pending`]). Reads go to the store directly, never through the ledger lock.
 
+mod events_sql;
 mod sqlite;
 
 use std::io;
@@ -19,22 +20,49 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use ledger::{AuditEntry, AuditPage, AuditQuery, Millis};
+use ledger::{
+    AuditEntry, AuditPage, AuditQuery, Delivery, DeliveryPage, DeliveryQuery, Effect, Event,
+    EventPage, EventQuery, Millis,
+};
 
 use crate::Clock;
 pub use sqlite::SqliteHistory;
 
-/// One journal record's audit entries, by the record's sequence number.
-pub type Entries = Vec<(u64, AuditEntry)>;
+/// What a journal record leaves in the history store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    Audit(AuditEntry),
+    Event(Event),
+    /// A version of a delivery (the last one written wins).
+    Delivery(Delivery),
+}
+
+impl Item {
+    /// The history an effect carries, if any.
+    pub fn of(effect: &Effect) -> Option<Item> {
+        match effect {
+            Effect::Audit(entry) => Some(Item::Audit((**entry).clone())),
+            Effect::Event(event) => Some(Item::Event((**event).clone())),
+            Effect::PutDelivery(d) => Some(Item::Delivery((**d).clone())),
+            _ => None,
+        }
+    }
+}
+
+/// Journal records' history, by each record's sequence number.
+pub type Entries = Vec<(u64, Item)>;
 
 /// How long audit entries are kept (0 days: forever).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
-    /// Entries of a known caller (a tenant key or the admin key).
+    /// Audit entries of a known caller (a tenant key or the admin key).
     pub authenticated_days: u32,
-    /// Entries of requests refused before their caller was known
+    /// Audit entries of requests refused before their caller was known
     /// ([`ledger::UNAUTH_TENANT`]).
     pub unauthenticated_days: u32,
+    pub events_days: u32,
+    /// Deliveries, by when they were created.
+    pub deliveries_days: u32,
 }
 
 impl Retention {
@@ -42,6 +70,8 @@ impl Retention {
     pub const DEFAULT: Retention = Retention {
         authenticated_days: 400,
         unauthenticated_days: 30,
+        events_days: 90,
+        deliveries_days: 14,
     };
 }
 
@@ -53,14 +83,25 @@ impl Default for Retention {
 
 const DAY_MS: Millis = 24 * 3_600_000;
 
+/// What retention deletes: everything older than these (`None`: kept forever).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cutoffs {
+    pub authenticated: Option<Millis>,
+    pub unauthenticated: Option<Millis>,
+    pub events: Option<Millis>,
+    pub deliveries: Option<Millis>,
+}
+
 impl Retention {
-    /// The cutoffs at `now`: entries older than these go (`None`: kept forever).
-    fn cutoffs(self, now: Millis) -> (Option<Millis>, Option<Millis>) {
+    /// The cutoffs at `now`.
+    pub fn cutoffs(self, now: Millis) -> Cutoffs {
         let cutoff = |days: u32| (days > 0).then(|| now - i64::from(days) * DAY_MS);
-        (
-            cutoff(self.authenticated_days),
-            cutoff(self.unauthenticated_days),
-        )
+        Cutoffs {
+            authenticated: cutoff(self.authenticated_days),
+            unauthenticated: cutoff(self.unauthenticated_days),
+            events: cutoff(self.events_days),
+            deliveries: cutoff(self.deliveries_days),
+        }
     }
 }
 
@@ -69,7 +110,7 @@ impl Retention {
 pub trait History: Send + Sync + 'static {
     /// Adds the entries of journal records up to `upto`, with `upto` as the sequence number
     /// held, in one durable step.
-    fn append(&self, upto: u64, entries: &[(u64, AuditEntry)]) -> io::Result<()>;
+    fn append(&self, upto: u64, entries: &[(u64, Item)]) -> io::Result<()>;
 
     /// The last journal sequence number whose entries are held durably (0: none).
     fn held_seq(&self) -> io::Result<u64>;
@@ -77,13 +118,17 @@ pub trait History: Send + Sync + 'static {
     /// One page of the audit log.
     fn audit_page(&self, query: &AuditQuery) -> io::Result<AuditPage>;
 
-    /// Deletes authenticated entries before `authenticated` and unauthenticated ones before
-    /// `unauthenticated`; answers how many went.
-    fn expire(
-        &self,
-        authenticated: Option<Millis>,
-        unauthenticated: Option<Millis>,
-    ) -> io::Result<u64>;
+    /// One page of the event log.
+    fn event_page(&self, query: &EventQuery) -> io::Result<EventPage>;
+
+    /// One event by id.
+    fn event(&self, event_id: &str) -> io::Result<Option<Event>>;
+
+    /// One page of a subscription's deliveries.
+    fn delivery_page(&self, query: &DeliveryQuery) -> io::Result<DeliveryPage>;
+
+    /// Deletes what is older than its cutoff; answers how many rows went.
+    fn expire(&self, cutoffs: Cutoffs) -> io::Result<u64>;
 
     /// Deletes the entries of journal records after `seq` and holds `seq`: for a history
     /// store found ahead of its journal (restored from a copy taken after the journal's),
@@ -92,6 +137,9 @@ pub trait History: Send + Sync + 'static {
 
     /// How many audit entries are held.
     fn audit_count(&self) -> u64;
+
+    /// How many events are held.
+    fn event_count(&self) -> u64;
 }
 
 /// What is handed to the projector, in journal order.
@@ -330,11 +378,11 @@ impl Writer {
     }
 
     fn expire(&self) {
-        let (authenticated, unauthenticated) = self.retention.cutoffs(self.clock.now_ms());
-        match self.history.expire(authenticated, unauthenticated) {
+        let cutoffs = self.retention.cutoffs(self.clock.now_ms());
+        match self.history.expire(cutoffs) {
             Ok(0) => {}
-            Ok(n) => tracing::info!(entries = n, "audit entries past retention deleted"),
-            Err(e) => tracing::warn!(error = %e, "audit retention failed; will retry"),
+            Ok(n) => tracing::info!(rows = n, "history past retention deleted"),
+            Err(e) => tracing::warn!(error = %e, "history retention failed; will retry"),
         }
     }
 }

@@ -13,12 +13,16 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ledger::{AuditEntry, AuditPage, AuditQuery, AuditSort, Millis, SortValue, StatusFilter};
+use ledger::{
+    AuditEntry, AuditPage, AuditQuery, AuditSort, DeliveryPage, DeliveryQuery, Event, EventPage,
+    EventQuery, SortValue, StatusFilter,
+};
 use ledger::{Position, UNAUTH_TENANT};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::History;
+use super::events_sql;
+use super::{Cutoffs, History, Item};
 
 pub const FILE_NAME: &str = "history.sqlite";
 
@@ -84,6 +88,8 @@ pub struct SqliteHistory {
     /// Entries by status, kept the same way: what a status filter matches, to pick its
     /// index by.
     statuses: Mutex<BTreeMap<u16, u64>>,
+    /// Events held: counted at open, then kept by appends and retention.
+    events: AtomicU64,
 }
 
 fn sql_error(e: rusqlite::Error) -> io::Error {
@@ -133,6 +139,12 @@ impl SqliteHistory {
                 .map_err(sql_error)?;
         }
         writer.execute_batch(SCHEMA).map_err(sql_error)?;
+        writer
+            .execute_batch(events_sql::SCHEMA)
+            .map_err(sql_error)?;
+        let events: i64 = writer
+            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .map_err(sql_error)?;
         let held = writer
             .query_row("SELECT value FROM meta WHERE name = 'held_seq'", [], |r| {
                 r.get::<_, i64>(0)
@@ -164,12 +176,21 @@ impl SqliteHistory {
             held: AtomicU64::new(held as u64),
             entries: AtomicU64::new(entries),
             statuses: Mutex::new(statuses),
+            events: AtomicU64::new(events as u64),
         })
     }
 }
 
 impl History for SqliteHistory {
-    fn append(&self, upto: u64, entries: &[(u64, AuditEntry)]) -> io::Result<()> {
+    fn append(&self, upto: u64, items: &[(u64, Item)]) -> io::Result<()> {
+        let entries: Vec<(u64, &AuditEntry)> = items
+            .iter()
+            .filter_map(|(seq, item)| match item {
+                Item::Audit(e) => Some((*seq, e)),
+                _ => None,
+            })
+            .collect();
+        let mut events = 0;
         let mut writer = lock(&self.writer);
         let tx = writer.transaction().map_err(sql_error)?;
         {
@@ -181,7 +202,7 @@ impl History for SqliteHistory {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 )
                 .map_err(sql_error)?;
-            for (record_seq, e) in entries {
+            for (record_seq, e) in &entries {
                 insert
                     .execute(params![
                         e.log_id,
@@ -202,6 +223,18 @@ impl History for SqliteHistory {
                     ])
                     .map_err(sql_error)?;
             }
+            for (record_seq, item) in items {
+                match item {
+                    Item::Event(e) => {
+                        events_sql::insert_event(&tx, *record_seq, e).map_err(sql_error)?;
+                        events += 1;
+                    }
+                    Item::Delivery(d) => {
+                        events_sql::upsert_delivery(&tx, *record_seq, d).map_err(sql_error)?
+                    }
+                    Item::Audit(_) => {}
+                }
+            }
             tx.execute(
                 "INSERT INTO meta (name, value) VALUES ('held_seq', ?1) \
                  ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -213,6 +246,7 @@ impl History for SqliteHistory {
         self.held.store(upto, Ordering::Release);
         self.entries
             .fetch_add(entries.len() as u64, Ordering::AcqRel);
+        self.events.fetch_add(events, Ordering::AcqRel);
         let mut statuses = self.statuses.lock().unwrap_or_else(|e| e.into_inner());
         for (_, e) in entries {
             *statuses.entry(e.status).or_default() += 1;
@@ -251,14 +285,33 @@ impl History for SqliteHistory {
         Ok(AuditPage { entries, next })
     }
 
-    fn expire(
-        &self,
-        authenticated: Option<Millis>,
-        unauthenticated: Option<Millis>,
-    ) -> io::Result<u64> {
+    fn event_page(&self, query: &EventQuery) -> io::Result<EventPage> {
+        events_sql::event_page(&lock(&self.reader), query).map_err(sql_error)
+    }
+
+    fn event(&self, event_id: &str) -> io::Result<Option<Event>> {
+        events_sql::event(&lock(&self.reader), event_id).map_err(sql_error)
+    }
+
+    fn delivery_page(&self, query: &DeliveryQuery) -> io::Result<DeliveryPage> {
+        events_sql::delivery_page(&lock(&self.reader), query).map_err(sql_error)
+    }
+
+    fn expire(&self, cutoffs: Cutoffs) -> io::Result<u64> {
         let writer = lock(&self.writer);
         let mut deleted = 0;
-        // Both walk an index from its oldest end: no scan of what is kept.
+        // Each walks an index from its oldest end: no scan of what is kept.
+        if let Some(cutoff) = cutoffs.events {
+            let sql = "DELETE FROM events WHERE number IN (SELECT number FROM events                        WHERE ts < ?1 ORDER BY ts LIMIT ?2)";
+            let n = delete_rows(&writer, sql, cutoff)?;
+            self.events.fetch_sub(n, Ordering::AcqRel);
+            deleted += n;
+        }
+        if let Some(cutoff) = cutoffs.deliveries {
+            let sql = "DELETE FROM deliveries WHERE delivery_id IN (SELECT delivery_id                        FROM deliveries WHERE created_at < ?1 LIMIT ?2)";
+            deleted += delete_rows(&writer, sql, cutoff)?;
+        }
+        let (authenticated, unauthenticated) = (cutoffs.authenticated, cutoffs.unauthenticated);
         if let Some(cutoff) = unauthenticated {
             let sql = format!(
                 "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit \
@@ -280,7 +333,21 @@ impl History for SqliteHistory {
         let writer = lock(&self.writer);
         let sql = "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE record_seq > ?1 \
                    LIMIT ?2) RETURNING status";
-        let deleted = self.delete_chunked(&writer, sql, seq as i64)?;
+        let mut deleted = self.delete_chunked(&writer, sql, seq as i64)?;
+        let events = delete_rows(
+            &writer,
+            "DELETE FROM events WHERE number IN (SELECT number FROM events              WHERE record_seq > ?1 LIMIT ?2)",
+            seq as i64,
+        )?;
+        self.events.fetch_sub(events, Ordering::AcqRel);
+        deleted += events;
+        // A delivery's later versions went with their records; its row is the newest
+        // version, so one written after `seq` goes too (the journal re-creates what it has).
+        deleted += delete_rows(
+            &writer,
+            "DELETE FROM deliveries WHERE delivery_id IN (SELECT delivery_id FROM deliveries              WHERE record_seq > ?1 LIMIT ?2)",
+            seq as i64,
+        )?;
         writer
             .execute(
                 "INSERT INTO meta (name, value) VALUES ('held_seq', ?1) \
@@ -294,6 +361,26 @@ impl History for SqliteHistory {
 
     fn audit_count(&self) -> u64 {
         self.entries.load(Ordering::Acquire)
+    }
+
+    fn event_count(&self) -> u64 {
+        self.events.load(Ordering::Acquire)
+    }
+}
+
+/// Runs `sql` (a `DELETE … LIMIT ?2` with `?1` bound to `bound`) until it deletes less than a
+/// chunk; answers how many rows went.
+fn delete_rows(writer: &Connection, sql: &str, bound: i64) -> io::Result<u64> {
+    let mut deleted = 0;
+    loop {
+        let n = writer
+            .prepare_cached(sql)
+            .and_then(|mut s| s.execute(params![bound, EXPIRY_CHUNK]))
+            .map_err(sql_error)?;
+        deleted += n as u64;
+        if (n as i64) < EXPIRY_CHUNK {
+            return Ok(deleted);
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use ledger::{
 };
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore, OpenReport};
 use store::history::Retention;
-use store::{AuditFn, Load, ManualClock, Store};
+use store::{AuditFn, Load, ManualClock, RequestContext, Store};
 use tempfile::TempDir;
 
 const T0: i64 = 1_800_000_000_000;
@@ -46,8 +46,8 @@ pub fn create(id: &str, name: &str) -> CreateTenant {
 }
 
 /// An entry named `log_id` for `tenant`, with the status the operation's result gives.
-fn audit(log_id: &'static str, tenant: &'static str) -> AuditFn<TenantWritten> {
-    Box::new(move |facts| {
+fn audit(log_id: &'static str, tenant: &'static str) -> RequestContext<TenantWritten> {
+    let audit: AuditFn<TenantWritten> = Box::new(move |facts| {
         Some(AuditEntry {
             log_id: log_id.into(),
             timestamp_ms: facts.now,
@@ -68,7 +68,11 @@ fn audit(log_id: &'static str, tenant: &'static str) -> AuditFn<TenantWritten> {
                 .map(|_| "DUPLICATE_RESOURCE".into()),
             metadata: None,
         })
-    })
+    });
+    RequestContext {
+        audit: Some(audit),
+        ..RequestContext::default()
+    }
 }
 
 /// Every entry, newest first: `(log_id, status)`.
@@ -82,7 +86,10 @@ async fn entries(store: &EmbeddedStore) -> Vec<(String, u16)> {
             limit: 100,
         },
     };
-    let page = store.audit_page(query).await.expect("audit page");
+    let page = store
+        .read_history(move |h| h.audit_page(&query))
+        .await
+        .expect("audit page");
     page.entries
         .into_iter()
         .map(|e| (e.log_id, e.status))
@@ -100,7 +107,7 @@ async fn an_entry_is_written_with_its_change_and_read_back() {
         let clock = Arc::new(ManualClock::new(T0));
         let (store, _) = open(dir.path(), durability, &clock, Retention::default());
         let done = store
-            .execute_audited(
+            .execute_in(
                 create("acme", "Acme"),
                 Load::Busy,
                 audit("log_1", ADMIN_TENANT),
@@ -110,7 +117,7 @@ async fn an_entry_is_written_with_its_change_and_read_back() {
         assert!(done.result.is_ok());
         // A refusal changes nothing and still leaves its entry.
         let refused = store
-            .execute_audited(
+            .execute_in(
                 create("acme", "Other"),
                 Load::Busy,
                 audit("log_2", ADMIN_TENANT),
@@ -146,7 +153,7 @@ async fn a_history_behind_the_journal_catches_up_at_start() {
     {
         clock.advance(1);
         let r = store
-            .execute_audited(create(id, id), Load::Busy, audit(log, ADMIN_TENANT))
+            .execute_in(create(id, id), Load::Busy, audit(log, ADMIN_TENANT))
             .await
             .unwrap();
         assert!(r.result.is_ok(), "{i}");
@@ -160,12 +167,13 @@ async fn a_history_behind_the_journal_catches_up_at_start() {
         .unwrap();
     drop(db);
     let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
-    assert_eq!(report.audit_reprojected, 2);
+    // Two records, each with its audit entry and its `tenant.created` event.
+    assert_eq!(report.history_reprojected, 4);
     assert_eq!(ids(&entries(&store).await), ["log_c", "log_b", "log_a"]);
     drop(store);
     // Caught up: the next start takes nothing again.
     let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
-    assert_eq!(report.audit_reprojected, 0);
+    assert_eq!(report.history_reprojected, 0);
     assert_eq!(entries(&store).await.len(), 3);
 }
 
@@ -191,7 +199,7 @@ async fn a_history_ahead_of_the_journal_is_trimmed_at_start() {
     };
     let (store, _) = open(dir.path(), Durability::Strict, &clock, Retention::default());
     let r = store
-        .execute_audited(create("a", "a"), Load::Busy, audit("log_a", ADMIN_TENANT))
+        .execute_in(create("a", "a"), Load::Busy, audit("log_a", ADMIN_TENANT))
         .await
         .unwrap();
     assert!(r.result.is_ok());
@@ -202,7 +210,7 @@ async fn a_history_ahead_of_the_journal_is_trimmed_at_start() {
     let (store, _) = open(dir.path(), Durability::Strict, &clock, Retention::default());
     for (id, log) in [("b", "log_b"), ("c", "log_c")] {
         let r = store
-            .execute_audited(create(id, id), Load::Busy, audit(log, ADMIN_TENANT))
+            .execute_in(create(id, id), Load::Busy, audit(log, ADMIN_TENANT))
             .await
             .unwrap();
         assert!(r.result.is_ok());
@@ -216,11 +224,12 @@ async fn a_history_ahead_of_the_journal_is_trimmed_at_start() {
         std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
     }
     let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
-    assert_eq!((report.last_seq, report.audit_trimmed), (1, 2));
+    // Two records' audit entries and events.
+    assert_eq!((report.last_seq, report.history_trimmed), (1, 4));
     assert_eq!(ids(&entries(&store).await), ["log_a"]);
     // The next changes are journaled and audited after it as usual.
     let r = store
-        .execute_audited(create("d", "d"), Load::Busy, audit("log_d", ADMIN_TENANT))
+        .execute_in(create("d", "d"), Load::Busy, audit("log_d", ADMIN_TENANT))
         .await
         .unwrap();
     assert!(r.result.is_ok());
@@ -232,13 +241,10 @@ async fn a_history_ahead_of_the_journal_is_trimmed_at_start() {
 async fn retention_deletes_entries_past_their_tier() {
     let dir = TempDir::new().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let retention = Retention {
-        authenticated_days: 400,
-        unauthenticated_days: 30,
-    };
+    let retention = Retention::DEFAULT;
     let (store, _) = open(dir.path(), Durability::Strict, &clock, retention);
     let write = |id: &'static str, log: &'static str, tenant: &'static str| {
-        store.execute_audited(create(id, id), Load::Busy, audit(log, tenant))
+        store.execute_in(create(id, id), Load::Busy, audit(log, tenant))
     };
     write("a", "old", "a").await.unwrap();
     write("b", "old_unauth", UNAUTH_TENANT).await.unwrap();
@@ -255,6 +261,8 @@ async fn retention_deletes_entries_past_their_tier() {
     let forever = Retention {
         authenticated_days: 0,
         unauthenticated_days: 0,
+        events_days: 0,
+        deliveries_days: 0,
     };
     let (store, _) = open(dir.path(), Durability::Strict, &clock, forever);
     write_after(&store, &clock).await;
@@ -266,7 +274,7 @@ async fn retention_deletes_entries_past_their_tier() {
 async fn write_after(store: &EmbeddedStore, clock: &ManualClock) {
     clock.advance(1);
     store
-        .execute_audited(
+        .execute_in(
             create("d", "d"),
             Load::Busy,
             audit("unauth_forever", UNAUTH_TENANT),

@@ -175,6 +175,7 @@ impl TestServer {
             public_metrics: false,
             dashboard: None,
             audit_unauthenticated_per_minute: 0,
+            webhook_keys: Vec::new(),
         };
         configure(&mut options);
         let bound = BoundServer::bind(store, options).await.expect("bind");

@@ -1,4 +1,4 @@
-//! Timestamps: the admin plane speaks RFC 3339, the runtime epoch milliseconds.
+//! Timestamps: the admin plane and events speak RFC 3339, the runtime epoch milliseconds.
 
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;

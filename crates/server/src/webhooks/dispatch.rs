@@ -1,0 +1,271 @@
+//! The dispatcher: takes the due deliveries from the store, sends them and records every
+//! attempt through the store, so an attempt is as durable as any other change, and a
+//! restart resumes exactly the deliveries still due. It never blocks a request: requests
+//! only stage deliveries, in the journal record of the change that caused them.
+//!
+//! Deliveries to one subscription are sent one after another, in the order they were
+//! queued (the spec's "ordered within a tenant for first attempts"); different
+//! subscriptions are served concurrently, so a slow or hanging receiver holds up only its
+//! own deliveries, for at most the request timeout each.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ledger::{
+    Actor, Attempt, Delivery, DueDeliveries, DueDelivery, Event, GetWebhookSecurity, RecordAttempt,
+    WebhookSubscription,
+};
+use protocol::webhook::EventResponse;
+use store::{Engine, Load, Store};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::{Outbound, Webhooks, REQUEST_TIMEOUT};
+
+/// Deliveries taken per look at the store.
+const BATCH: usize = 1024;
+/// Receivers served at once.
+const CONCURRENT_SUBSCRIPTIONS: usize = 64;
+/// How often the store is asked for due deliveries when the last look found none.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+
+/// What the dispatcher has done since the start, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct DispatchCounters {
+    pub delivered: AtomicU64,
+    pub failed_attempts: AtomicU64,
+}
+
+pub struct Dispatcher {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Dispatcher {
+    /// Stops taking new work; deliveries in flight finish or are retried after a restart.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+pub fn spawn_dispatcher(
+    store: Arc<Engine>,
+    webhooks: Arc<Webhooks>,
+    counters: Arc<DispatchCounters>,
+) -> Dispatcher {
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let lanes = Arc::new(Semaphore::new(CONCURRENT_SUBSCRIPTIONS));
+        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        loop {
+            let found = match next_batch(&store, &webhooks, &in_flight).await {
+                Ok(batch) => batch,
+                Err(why) => {
+                    tracing::warn!(%why, "webhook dispatch could not read its work");
+                    Vec::new()
+                }
+            };
+            let full = found.len() >= BATCH;
+            for lane in lanes_of(found) {
+                let Ok(permit) = lanes.clone().acquire_owned().await else {
+                    return;
+                };
+                let (store, webhooks) = (store.clone(), webhooks.clone());
+                let (counters, in_flight) = (counters.clone(), in_flight.clone());
+                tokio::spawn(async move {
+                    serve_lane(&store, &webhooks, &counters, lane, &in_flight).await;
+                    drop(permit);
+                });
+            }
+            if full {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(IDLE_POLL) => {}
+                _ = stopped.changed() => return,
+            }
+        }
+    });
+    Dispatcher { stop, task }
+}
+
+/// One due delivery with what sending it needs.
+struct Job {
+    delivery: Arc<Delivery>,
+    subscription: Arc<WebhookSubscription>,
+    event: Option<Event>,
+}
+
+/// The due deliveries not already in flight, with their events (read from the history
+/// store in one go), marked in flight. Refreshes the security configuration the outbound
+/// client enforces.
+async fn next_batch(
+    store: &Engine,
+    webhooks: &Webhooks,
+    in_flight: &Mutex<HashSet<String>>,
+) -> Result<Vec<Job>, String> {
+    let config = store
+        .execute(
+            GetWebhookSecurity {
+                actor: Actor::Admin,
+            },
+            Load::Busy,
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .result
+        .map_err(|e| e.to_string())?;
+    webhooks.enforce(config);
+    let due: Vec<DueDelivery> = store
+        .execute(DueDeliveries { limit: BATCH }, Load::Busy)
+        .await
+        .map_err(|e| e.to_string())?
+        .result
+        .map_err(|e| e.to_string())?;
+    let due: Vec<DueDelivery> = {
+        let mut flying = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        due.into_iter()
+            .filter(|(d, _)| flying.insert(d.delivery_id.clone()))
+            .collect()
+    };
+    if due.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = due.iter().map(|(d, _)| d.event_id.clone()).collect();
+    let events = store
+        .read_history(move |history| {
+            ids.iter()
+                .map(|id| history.event(id))
+                .collect::<std::io::Result<Vec<_>>>()
+        })
+        .await;
+    let events = match events {
+        Ok(events) => events,
+        Err(e) => {
+            // Nothing was sent: let them be taken again on the next look.
+            let mut flying = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            for (d, _) in &due {
+                flying.remove(&d.delivery_id);
+            }
+            return Err(e.to_string());
+        }
+    };
+    Ok(due
+        .into_iter()
+        .zip(events)
+        .map(|((delivery, subscription), event)| Job {
+            delivery,
+            subscription,
+            event,
+        })
+        .collect())
+}
+
+/// The jobs grouped by subscription, each group in queue order.
+fn lanes_of(jobs: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut order: Vec<String> = Vec::new();
+    let mut lanes: HashMap<String, Vec<Job>> = HashMap::new();
+    for job in jobs {
+        let id = job.subscription.subscription_id.clone();
+        lanes
+            .entry(id.clone())
+            .or_insert_with(|| {
+                order.push(id);
+                Vec::new()
+            })
+            .push(job);
+    }
+    order
+        .into_iter()
+        .filter_map(|id| lanes.remove(&id))
+        .collect()
+}
+
+/// Sends one subscription's deliveries in order. Each attempt is recorded as soon as it is
+/// known, without holding up the next send; the lane ends when all are recorded.
+async fn serve_lane(
+    store: &Arc<Engine>,
+    webhooks: &Webhooks,
+    counters: &DispatchCounters,
+    lane: Vec<Job>,
+    in_flight: &Mutex<HashSet<String>>,
+) {
+    let mut records = Vec::with_capacity(lane.len());
+    for job in lane {
+        let attempt = attempt(webhooks, &job).await;
+        let counter = if attempt.success {
+            &counters.delivered
+        } else {
+            &counters.failed_attempts
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let retry_in_ms = retry_delay(&job);
+        let record = RecordAttempt {
+            delivery_id: job.delivery.delivery_id.clone(),
+            attempt,
+            retry_in_ms,
+        };
+        let store = store.clone();
+        records.push((
+            job.delivery.delivery_id.clone(),
+            tokio::spawn(async move { store.execute(record, Load::Busy).await }),
+        ));
+    }
+    for (id, record) in records {
+        match record.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(delivery = %id, error = %e, "delivery attempt not recorded; it will be retried")
+            }
+            Err(e) => tracing::warn!(delivery = %id, error = %e, "delivery attempt not recorded"),
+        }
+        in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+}
+
+/// One attempt at a job.
+async fn attempt(webhooks: &Webhooks, job: &Job) -> Attempt {
+    let Some(event) = &job.event else {
+        return Attempt {
+            success: false,
+            response_status: None,
+            response_time_ms: 0,
+            error_message: Some("the event is no longer stored (past its retention)".into()),
+        };
+    };
+    let (secret, headers) = webhooks.credentials(&job.subscription);
+    let trace_id = event.trace_id.clone().unwrap_or_else(|| {
+        job.delivery
+            .trace_id
+            .clone()
+            .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()))
+    });
+    let body = serde_json::to_vec(&EventResponse::from(event.clone())).unwrap_or_default();
+    let out = Outbound {
+        url: &job.subscription.url,
+        body,
+        event_id: &event.event_id,
+        event_type: event.event_type.name(),
+        trace_id: &trace_id,
+        request_id: event.request_id.as_deref(),
+        secret,
+        headers,
+    };
+    webhooks.send(out, REQUEST_TIMEOUT).await
+}
+
+/// The delay before the next try, should this one fail: the policy's, ±10 % jitter (so
+/// receivers that failed together are not retried in lockstep), within its maximum.
+fn retry_delay(job: &Job) -> u64 {
+    let policy = job.subscription.retry_policy;
+    let base = policy.delay_ms(job.delivery.attempts + 1) as f64;
+    let jitter = 0.9 + rand::random::<f64>() * 0.2;
+    ((base * jitter) as u64).min(policy.max_delay_ms)
+}

@@ -1,0 +1,967 @@
+//! Events and webhooks over HTTP (admin spec §2.5–2.7, §3.6–3.7, §4.1): events emitted by
+//! the operations that cause them and listed from the event log; subscriptions and their
+//! invariants; the SSRF guard; deliveries to a real receiver, signed, retried, recorded;
+//! auto-disable; replay.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use hmac::{Hmac, Mac};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+use crate::common::{As, Engine, TestServer};
+
+engine_tests!(
+    governance_operations_emit_events,
+    event_lists_filter_and_page,
+    tenant_keys_see_only_their_own_events,
+    subscriptions_keep_the_invariants,
+    the_ssrf_guard_refuses_private_addresses,
+    deliveries_are_signed_and_recorded,
+    failed_deliveries_retry_then_disable,
+    paused_subscriptions_receive_nothing,
+    replay_queues_past_events,
+    test_probe_reaches_the_receiver,
+);
+
+const USD: &str = "USD_MICROCENTS";
+
+/// A webhook receiver on a loopback port: records every request, answers `status`.
+#[derive(Clone, Default)]
+struct Receiver {
+    got: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
+    status: Arc<AtomicU16>,
+}
+
+impl Receiver {
+    async fn start() -> (Receiver, String) {
+        let receiver = Receiver::default();
+        receiver.status.store(200, Ordering::SeqCst);
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(receive))
+            .with_state(receiver.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (receiver, format!("http://{addr}/hook"))
+    }
+
+    fn received(&self) -> Vec<(HeaderMap, Value)> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(h, b)| (h.clone(), serde_json::from_slice(b).expect("JSON body")))
+            .collect()
+    }
+
+    /// Waits until `n` requests came in (the dispatcher polls every 50 ms).
+    async fn wait_for(&self, n: usize) -> Vec<(HeaderMap, Value)> {
+        for _ in 0..200 {
+            if self.got.lock().unwrap().len() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let got = self.received();
+        assert!(got.len() >= n, "expected {n} deliveries, got {}", got.len());
+        got
+    }
+
+    /// Checks every request's signature against `secret`.
+    fn assert_signed(&self, secret: &str) {
+        for (headers, body) in self.got.lock().unwrap().iter() {
+            let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+            mac.update(body);
+            let want = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+            assert_eq!(headers["x-cycles-signature"], want.as_str());
+        }
+    }
+}
+
+async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    r.got.lock().unwrap().push((headers, body));
+    StatusCode::from_u16(r.status.load(Ordering::SeqCst)).unwrap()
+}
+
+/// Lets the tests' loopback receiver through the SSRF guard, as an operator's development
+/// setup would: by the configuration endpoint, nothing hidden.
+async fn allow_loopback(s: &TestServer) {
+    let r = s
+        .send(
+            Method::PUT,
+            "/v1/admin/config/webhook-security",
+            As::Admin,
+            Some(&json!({"blocked_cidr_ranges": [], "allow_http": true})),
+        )
+        .await;
+    r.expect(200, None);
+}
+
+/// Events of the admin event log matching `query`, oldest first.
+async fn events(s: &TestServer, query: &str) -> Vec<Value> {
+    let r = s
+        .get(&format!("/v1/admin/events?sort_dir=asc&{query}"), As::Admin)
+        .await;
+    r.expect(200, None)["events"].as_array().unwrap().clone()
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["event_type"].as_str().unwrap())
+        .collect()
+}
+
+async fn create_webhook(s: &TestServer, tenant: Option<&str>, body: Value) -> Value {
+    let path = match tenant {
+        Some(t) => format!("/v1/admin/webhooks?tenant_id={t}"),
+        None => "/v1/admin/webhooks".into(),
+    };
+    s.post(&path, As::Admin, body)
+        .await
+        .expect(201, None)
+        .clone()
+}
+
+async fn deliveries(s: &TestServer, id: &str) -> Vec<Value> {
+    let r = s
+        .get(&format!("/v1/admin/webhooks/{id}/deliveries"), As::Admin)
+        .await;
+    r.expect(200, None)["deliveries"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Waits until the subscription's deliveries satisfy `done`.
+async fn wait_deliveries(s: &TestServer, id: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    for _ in 0..200 {
+        let d = deliveries(s, id).await;
+        if done(&d) {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "deliveries of {id} never settled: {:?}",
+        deliveries(s, id).await
+    );
+}
+
+async fn fund(s: &TestServer, scope: &str, amount: i64, key: &str) {
+    let tenant = scope.trim_start_matches("tenant:");
+    let r = s
+        .post(
+            &format!("/v1/admin/budgets/fund?scope={scope}&unit={USD}&tenant_id={tenant}"),
+            As::Admin,
+            json!({"operation": "CREDIT", "amount": {"unit": USD, "amount": amount},
+                   "idempotency_key": key}),
+        )
+        .await;
+    r.expect(200, None);
+}
+
+async fn governance_operations_emit_events(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("acme").await;
+    s.budget("tenant:acme", USD, 1_000, json!({})).await;
+    fund(&s, "tenant:acme", 500, "f1").await;
+    let r = s
+        .post(
+            &format!("/v1/admin/budgets/freeze?scope=tenant:acme&unit={USD}"),
+            As::Admin,
+            json!({"reason": "[EMERGENCY_FREEZE] drill"}),
+        )
+        .await;
+    r.expect(200, None);
+    let key_resp = s
+        .post(
+            "/v1/admin/api-keys",
+            As::Admin,
+            json!({"tenant_id": "acme", "name": "k"}),
+        )
+        .await;
+    let key_id = key_resp.expect(201, None)["key_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = s
+        .send(
+            Method::PATCH,
+            "/v1/admin/tenants/acme",
+            As::Admin,
+            Some(&json!({"status": "CLOSED"})),
+        )
+        .await;
+    r.expect(200, None);
+    let all = events(&s, "tenant_id=acme").await;
+    assert_eq!(
+        types(&all),
+        [
+            "tenant.created",
+            "budget.created",
+            "budget.funded",
+            "budget.frozen",
+            "api_key.created",
+            "tenant.closed",
+            "api_key.revoked_via_tenant_cascade",
+            "budget.closed_via_tenant_cascade",
+        ]
+    );
+    let funded = &all[2];
+    assert_eq!(funded["category"], "budget");
+    assert_eq!(funded["scope"], "tenant:acme");
+    assert_eq!(funded["source"], "cycles-admin");
+    assert_eq!(funded["actor"]["type"], "admin_on_behalf_of");
+    assert_eq!(funded["data"]["operation"], "CREDIT");
+    assert_eq!(funded["data"]["previous_state"]["allocated"], 1_000);
+    assert_eq!(funded["data"]["new_state"]["allocated"], 1_500);
+    assert!(funded["event_id"].as_str().unwrap().starts_with("evt_"));
+    assert_eq!(funded["trace_id"].as_str().unwrap().len(), 32);
+    assert_eq!(all[3]["data"]["reason"], "[EMERGENCY_FREEZE] drill");
+    assert_eq!(all[4]["data"]["key_id"], key_id.as_str());
+    assert_eq!(all[4]["actor"]["type"], "admin");
+    // The close and its cascade share one correlation id, made from the request's id.
+    let correlation = all[5]["correlation_id"].as_str().unwrap();
+    assert!(
+        correlation.starts_with("tenant_close_cascade:acme:req_")
+            || correlation.starts_with("tenant_close_cascade:acme:")
+    );
+    assert!(all[5..].iter().all(|e| e["correlation_id"] == correlation));
+    assert_eq!(
+        events(&s, &format!("correlation_id={correlation}"))
+            .await
+            .len(),
+        3
+    );
+    // One event by id; an unknown id is 404 EVENT_NOT_FOUND.
+    let id = funded["event_id"].as_str().unwrap();
+    let one = s.get(&format!("/v1/admin/events/{id}"), As::Admin).await;
+    assert_eq!(one.expect(200, None), funded);
+    s.get("/v1/admin/events/evt_0000000000000000", As::Admin)
+        .await
+        .expect(404, Some("EVENT_NOT_FOUND"));
+    // A refused change emits nothing.
+    let before = events(&s, "").await.len();
+    let r = s
+        .post(
+            &format!("/v1/admin/budgets/fund?scope=tenant:acme&unit={USD}&tenant_id=acme"),
+            As::Admin,
+            json!({"operation": "CREDIT", "amount": {"unit": USD, "amount": 1}, "idempotency_key": "f2"}),
+        )
+        .await;
+    r.expect(409, Some("TENANT_CLOSED"));
+    assert_eq!(events(&s, "").await.len(), before);
+    s.stop().await;
+}
+
+async fn event_lists_filter_and_page(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    for t in ["aaa", "bbb"] {
+        s.tenant(t).await;
+        s.budget(&format!("tenant:{t}"), USD, 100, json!({})).await;
+    }
+    for i in 0..5 {
+        fund(&s, "tenant:aaa", 1, &format!("a{i}")).await;
+    }
+    assert_eq!(
+        events(&s, "tenant_id=aaa&event_type=budget.funded")
+            .await
+            .len(),
+        5
+    );
+    assert_eq!(events(&s, "category=tenant").await.len(), 2);
+    assert_eq!(events(&s, "scope=tenant:bbb").await.len(), 1);
+    assert_eq!(events(&s, "search=TENANT:AAA").await.len(), 6);
+    // Pages of two, newest first, cover everything once.
+    let mut seen = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let r = s
+            .get(
+                &format!("/v1/admin/events?tenant_id=aaa&limit=2{cursor}"),
+                As::Admin,
+            )
+            .await;
+        let body = r.expect(200, None).clone();
+        seen.extend(
+            body["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["event_id"].clone()),
+        );
+        match body["next_cursor"].as_str() {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 7);
+    let mut sorted = seen.clone();
+    sorted.sort_by(|a, b| b.as_str().cmp(&a.as_str()));
+    assert_eq!(seen, sorted, "newest first");
+    for bad in [
+        "event_type=budget.nope",
+        "category=money",
+        "trace_id=XYZ",
+        "from=yesterday",
+        "sort_by=amount",
+        "cursor=zz",
+    ] {
+        s.get(&format!("/v1/admin/events?{bad}"), As::Admin)
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
+    s.get("/v1/admin/events", As::Nobody)
+        .await
+        .expect(401, None);
+    s.stop().await;
+}
+
+async fn tenant_keys_see_only_their_own_events(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("aaa").await;
+    s.tenant("bbb").await;
+    let reader = s
+        .post(
+            "/v1/admin/api-keys",
+            As::Admin,
+            json!({"tenant_id": "aaa", "name": "r", "permissions": ["events:read"]}),
+        )
+        .await;
+    let reader = reader.expect(201, None)["key_secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let plain = s.key("aaa").await;
+    s.budget("tenant:aaa", USD, 100, json!({})).await;
+    s.budget("tenant:bbb", USD, 100, json!({})).await;
+    let r = s.get("/v1/events", As::Key(&reader)).await;
+    let got = r.expect(200, None)["events"].as_array().unwrap().clone();
+    // Its tenant's budget and tenant events; never api_key.* (admin-only), never b's.
+    assert_eq!(types(&got), ["budget.created", "tenant.created"]);
+    assert!(got.iter().all(|e| e["tenant_id"] == "aaa"));
+    s.get("/v1/events", As::Key(&plain))
+        .await
+        .expect(403, Some("INSUFFICIENT_PERMISSIONS"));
+    s.get("/v1/events?tenant_id=bbb", As::Key(&reader))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    s.stop().await;
+}
+
+async fn subscriptions_keep_the_invariants(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    s.tenant("other").await;
+    let url = "http://127.0.0.1:9/hook";
+    // INVARIANT 2: a tenant's subscription carries no admin-only selector, under any key.
+    for body in [
+        json!({"url": url, "event_types": ["api_key.created"]}),
+        json!({"url": url, "event_types": ["budget.funded"], "event_categories": ["system"]}),
+    ] {
+        let r = s
+            .post("/v1/admin/webhooks?tenant_id=acme", As::Admin, body)
+            .await;
+        r.expect(400, Some("INVALID_REQUEST"));
+    }
+    for (body, field) in [
+        (json!({"url": url, "event_types": []}), "event_types"),
+        (
+            json!({"url": url, "event_types": ["budget.nope"]}),
+            "event_types",
+        ),
+        (
+            json!({"url": url, "event_types": ["budget.funded"], "retry_policy": {"max_retries": 11}}),
+            "retry_policy.max_retries",
+        ),
+        (
+            json!({"url": url, "event_types": ["budget.funded"], "retry_policy": {"backoff_multiplier": 0.5}}),
+            "retry_policy.backoff_multiplier",
+        ),
+        (
+            json!({"url": url, "event_types": ["budget.funded"], "disable_after_failures": 0}),
+            "disable_after_failures",
+        ),
+        (
+            json!({"url": url, "event_types": ["budget.funded"], "status": "ACTIVE"}),
+            "status",
+        ),
+        (
+            json!({"url": "ftp://x/", "event_types": ["budget.funded"]}),
+            "scheme",
+        ),
+    ] {
+        let r = s
+            .post("/v1/admin/webhooks?tenant_id=acme", As::Admin, body)
+            .await;
+        assert_eq!(r.status, 400, "{field}: {}", r.body);
+        assert!(
+            r.body["message"].as_str().unwrap().contains(field),
+            "{field}: {}",
+            r.body
+        );
+    }
+    s.post(
+        "/v1/admin/webhooks?tenant_id=nobody",
+        As::Admin,
+        json!({"url": url, "event_types": ["budget.funded"]}),
+    )
+    .await
+    .expect(404, None);
+    let r = s.get("/v1/admin/webhooks", As::Admin).await;
+    assert_eq!(
+        r.expect(200, None)["subscriptions"],
+        json!([]),
+        "nothing was stored"
+    );
+    // A system-wide subscription may listen to admin-only events.
+    let system = create_webhook(
+        &s,
+        None,
+        json!({"url": url, "event_types": ["api_key.created"]}),
+    )
+    .await;
+    assert_eq!(system["subscription"]["tenant_id"], "__system__");
+    let secret = system["signing_secret"].as_str().unwrap();
+    assert!(secret.len() >= 32);
+    // The tenant plane: its own tenant only; another tenant's is 404.
+    let key = s
+        .post(
+            "/v1/admin/api-keys",
+            As::Admin,
+            json!({"tenant_id": "acme", "name": "w",
+            "permissions": ["webhooks:read", "webhooks:write"]}),
+        )
+        .await;
+    let key = key.expect(201, None)["key_secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mine = s
+        .post(
+            "/v1/webhooks",
+            As::Key(&key),
+            json!({"url": url, "event_categories": ["budget"], "event_types": ["tenant.updated"],
+            "headers": {"Authorization": "Bearer s3cret"}}),
+        )
+        .await;
+    let mine = mine.expect(201, None)["subscription"].clone();
+    assert_eq!(mine["tenant_id"], "acme");
+    assert_eq!(
+        mine["headers"]["Authorization"], "********",
+        "header values are masked"
+    );
+    let id = mine["subscription_id"].as_str().unwrap();
+    let theirs = create_webhook(
+        &s,
+        Some("other"),
+        json!({"url": url, "event_types": ["budget.funded"]}),
+    )
+    .await;
+    let theirs = theirs["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.get(&format!("/v1/webhooks/{theirs}"), As::Key(&key))
+        .await
+        .expect(404, None);
+    let listed = s.get("/v1/webhooks", As::Key(&key)).await;
+    let listed = listed.expect(200, None)["subscriptions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].get("signing_secret").is_none());
+    s.post(
+        "/v1/webhooks",
+        As::Key(&key),
+        json!({"url": url, "event_types": ["policy.created"]}),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
+    // PATCH: the effective selectors must keep a selector; categories alone are fine.
+    let patch = |body: Value| {
+        let path = format!("/v1/webhooks/{id}");
+        let key = key.clone();
+        let s = &s;
+        async move {
+            s.send(Method::PATCH, &path, As::Key(&key), Some(&body))
+                .await
+        }
+    };
+    patch(json!({"event_types": []})).await.expect(200, None);
+    patch(json!({"event_categories": []}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    patch(json!({"status": "DISABLED"}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    let r = s
+        .get("/v1/admin/events?event_type=webhook.created", As::Admin)
+        .await;
+    assert_eq!(
+        r.expect(200, None)["events"].as_array().unwrap().len(),
+        2,
+        "the admin plane's creates only"
+    );
+    s.send(
+        Method::DELETE,
+        &format!("/v1/webhooks/{id}"),
+        As::Key(&key),
+        None,
+    )
+    .await
+    .expect(204, None);
+    s.get(&format!("/v1/admin/webhooks/{id}"), As::Admin)
+        .await
+        .expect(404, Some("WEBHOOK_NOT_FOUND"));
+    s.stop().await;
+}
+
+async fn the_ssrf_guard_refuses_private_addresses(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("acme").await;
+    for url in [
+        "https://127.0.0.1/hook",
+        "https://10.0.0.8/hook",
+        "https://[::1]/hook",
+        "https://169.254.169.254/latest/meta-data",
+        "https://localhost/hook",
+        "http://93.184.216.34/hook",
+    ] {
+        let r = s
+            .post(
+                "/v1/admin/webhooks?tenant_id=acme",
+                As::Admin,
+                json!({"url": url, "event_types": ["budget.funded"]}),
+            )
+            .await;
+        r.expect(400, Some("WEBHOOK_URL_INVALID"));
+        assert!(
+            r.body["message"].as_str().unwrap().contains(url),
+            "{}",
+            r.body
+        );
+    }
+    let config = s.get("/v1/admin/config/webhook-security", As::Admin).await;
+    let config = config.expect(200, None).clone();
+    assert_eq!(config["allow_http"], false);
+    assert!(config["blocked_cidr_ranges"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("127.0.0.0/8")));
+    for bad in [
+        json!({"blocked_cidr_ranges": ["not-a-range"]}),
+        json!({"allow_http": "yes"}),
+        json!({"surprise": true}),
+    ] {
+        s.send(
+            Method::PUT,
+            "/v1/admin/config/webhook-security",
+            As::Admin,
+            Some(&bad),
+        )
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    }
+    // A subscription made while loopback was allowed is refused at delivery once it is not.
+    let (receiver, url) = Receiver::start().await;
+    allow_loopback(&s).await;
+    let w = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.created"]}),
+    )
+    .await;
+    let id = w["subscription"]["subscription_id"].as_str().unwrap();
+    s.send(
+        Method::PUT,
+        "/v1/admin/config/webhook-security",
+        As::Admin,
+        Some(&json!({"allow_http": true})),
+    )
+    .await
+    .expect(200, None);
+    s.budget("tenant:acme", USD, 10, json!({})).await;
+    let d = wait_deliveries(&s, id, |d| {
+        d.first().is_some_and(|d| d["attempts"].as_u64() >= Some(1))
+    })
+    .await;
+    assert!(
+        d[0]["error_message"].as_str().unwrap().contains("blocked"),
+        "{:?}",
+        d[0]
+    );
+    assert!(
+        receiver.received().is_empty(),
+        "nothing reached the receiver"
+    );
+    s.stop().await;
+}
+
+async fn deliveries_are_signed_and_recorded(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (receiver, url) = Receiver::start().await;
+    s.tenant("acme").await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.funded", "budget.exhausted"],
+               "headers": {"Authorization": "Bearer t0ken"}}),
+    )
+    .await;
+    let secret = created["signing_secret"].as_str().unwrap().to_string();
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A subscription of another tenant hears nothing of this one.
+    let (elsewhere, other_url) = Receiver::start().await;
+    s.tenant("other").await;
+    create_webhook(
+        &s,
+        Some("other"),
+        json!({"url": other_url, "event_types": ["budget.funded"]}),
+    )
+    .await;
+    let key = s.key("acme").await;
+    s.budget("tenant:acme", USD, 100, json!({})).await;
+    fund(&s, "tenant:acme", 50, "f1").await;
+    // Spending all of it: budget.exhausted from the runtime.
+    let r = s
+        .post(
+            "/v1/events",
+            As::Key(&key),
+            json!({"idempotency_key": "e1", "subject": {"tenant": "acme"},
+                   "action": {"kind": "llm.completion", "name": "gpt"},
+                   "actual": {"unit": USD, "amount": 150}}),
+        )
+        .await;
+    r.expect(201, None);
+    let got = receiver.wait_for(2).await;
+    receiver.assert_signed(&secret);
+    let (headers, body) = &got[0];
+    assert_eq!(body["event_type"], "budget.funded");
+    assert_eq!(headers["x-cycles-event-type"], "budget.funded");
+    assert_eq!(
+        headers["x-cycles-event-id"],
+        body["event_id"].as_str().unwrap()
+    );
+    assert_eq!(
+        headers["x-cycles-trace-id"],
+        body["trace_id"].as_str().unwrap()
+    );
+    assert_eq!(
+        headers["authorization"], "Bearer t0ken",
+        "custom headers, opened"
+    );
+    assert_eq!(headers["content-type"], "application/json");
+    let traceparent = headers["traceparent"].to_str().unwrap();
+    assert!(traceparent.starts_with(&format!("00-{}-", body["trace_id"].as_str().unwrap())));
+    assert_eq!(got[1].1["event_type"], "budget.exhausted");
+    assert_eq!(got[1].1["actor"]["type"], "api_key");
+    assert_eq!(got[1].1["source"], "cycles-server");
+    assert_eq!(got[1].1["data"]["remaining"], 0);
+    let d = wait_deliveries(&s, &id, |d| {
+        d.len() == 2 && d.iter().all(|d| d["status"] == "SUCCESS")
+    })
+    .await;
+    assert_eq!(d[0]["attempts"], 1);
+    assert_eq!(d[0]["response_status"], 200);
+    assert_eq!(d[0]["event_type"], "budget.exhausted", "newest first");
+    let w = s.get(&format!("/v1/admin/webhooks/{id}"), As::Admin).await;
+    let w = w.expect(200, None).clone();
+    assert_eq!(w["consecutive_failures"], 0);
+    assert!(w["last_success_at"].as_str().is_some());
+    assert!(
+        elsewhere.received().is_empty(),
+        "another tenant's subscription heard nothing"
+    );
+    s.get(
+        &format!("/v1/admin/webhooks/{id}/deliveries?status=BOGUS"),
+        As::Admin,
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
+    s.get("/v1/admin/webhooks/whsub_none/deliveries", As::Admin)
+        .await
+        .expect(404, Some("WEBHOOK_NOT_FOUND"));
+    s.stop().await;
+}
+
+async fn failed_deliveries_retry_then_disable(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (receiver, url) = Receiver::start().await;
+    receiver.status.store(503, Ordering::SeqCst);
+    s.tenant("acme").await;
+    // A system subscription hears the dispatcher's own events.
+    let (watcher, watcher_url) = Receiver::start().await;
+    create_webhook(
+        &s,
+        None,
+        json!({"url": watcher_url, "event_types": ["webhook.disabled", "system.webhook_delivery_failed"]}),
+    )
+    .await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.created"], "disable_after_failures": 1,
+               "retry_policy": {"max_retries": 2, "initial_delay_ms": 1000, "backoff_multiplier": 2.0}}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.budget("tenant:acme", USD, 100, json!({})).await;
+    receiver.wait_for(1).await;
+    let d = wait_deliveries(&s, &id, |d| {
+        d.first().is_some_and(|d| d["status"] == "RETRYING")
+    })
+    .await;
+    assert_eq!(d[0]["response_status"], 503);
+    assert!(d[0]["next_retry_at"].as_str().is_some());
+    // Not due until its delay (1 s ± 10 %) has passed on the server's clock.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(receiver.received().len(), 1);
+    s.advance(1_200);
+    receiver.wait_for(2).await;
+    s.advance(2_400);
+    receiver.wait_for(3).await;
+    let d = wait_deliveries(&s, &id, |d| {
+        d.first().is_some_and(|d| d["status"] == "FAILED")
+    })
+    .await;
+    assert_eq!(d[0]["attempts"], 3, "the first try and two retries");
+    let w = s.get(&format!("/v1/admin/webhooks/{id}"), As::Admin).await;
+    let w = w.expect(200, None).clone();
+    assert_eq!(w["status"], "DISABLED");
+    assert_eq!(w["consecutive_failures"], 1);
+    let disabled = events(&s, "event_type=webhook.disabled").await;
+    assert_eq!(disabled.len(), 1, "exactly one webhook.disabled");
+    assert_eq!(disabled[0]["data"]["previous_status"], "ACTIVE");
+    assert_eq!(
+        disabled[0]["data"]["disable_reason"],
+        "consecutive_failures_exceeded_threshold"
+    );
+    assert_eq!(disabled[0]["actor"]["type"], "system");
+    let watched = watcher.wait_for(2).await;
+    let mut watched_types: Vec<_> = watched
+        .iter()
+        .map(|(_, b)| b["event_type"].as_str().unwrap().to_string())
+        .collect();
+    watched_types.sort();
+    assert_eq!(
+        watched_types,
+        ["system.webhook_delivery_failed", "webhook.disabled"]
+    );
+    // Disabled, it receives nothing more; re-enabled, its count starts again.
+    s.budget("tenant:acme/workspace:w", USD, 1, json!({})).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(receiver.received().len(), 3);
+    let r = s
+        .send(
+            Method::PATCH,
+            &format!("/v1/admin/webhooks/{id}"),
+            As::Admin,
+            Some(&json!({"status": "ACTIVE"})),
+        )
+        .await;
+    assert_eq!(r.expect(200, None)["consecutive_failures"], 0);
+    assert_eq!(events(&s, "event_type=webhook.resumed").await.len(), 1);
+    s.stop().await;
+}
+
+async fn paused_subscriptions_receive_nothing(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (receiver, url) = Receiver::start().await;
+    s.tenant("acme").await;
+    // A create needs an event type; an update may then leave the category alone.
+    s.post(
+        "/v1/admin/webhooks?tenant_id=acme",
+        As::Admin,
+        json!({"url": url, "event_categories": ["budget"], "event_types": []}),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_categories": ["budget"], "event_types": ["tenant.updated"]}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/admin/webhooks/{id}");
+    let r = s
+        .send(
+            Method::PATCH,
+            &path,
+            As::Admin,
+            Some(&json!({"event_types": []})),
+        )
+        .await;
+    assert_eq!(r.expect(200, None)["event_categories"], json!(["budget"]));
+    s.send(
+        Method::PATCH,
+        &path,
+        As::Admin,
+        Some(&json!({"status": "PAUSED"})),
+    )
+    .await
+    .expect(200, None);
+    // A no-op PATCH emits nothing.
+    s.send(
+        Method::PATCH,
+        &path,
+        As::Admin,
+        Some(&json!({"status": "PAUSED"})),
+    )
+    .await
+    .expect(200, None);
+    assert_eq!(
+        types(&events(&s, "category=webhook").await),
+        ["webhook.created", "webhook.updated", "webhook.paused"]
+    );
+    s.budget("tenant:acme", USD, 10, json!({})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(receiver.received().is_empty());
+    assert!(
+        deliveries(&s, &id).await.is_empty(),
+        "nothing was queued while paused"
+    );
+    s.send(
+        Method::PATCH,
+        &path,
+        As::Admin,
+        Some(&json!({"status": "ACTIVE", "name": "back"})),
+    )
+    .await
+    .expect(200, None);
+    let resumed = events(&s, "event_type=webhook.resumed").await;
+    assert_eq!(resumed[0]["data"]["changed_fields"], json!(["name"]));
+    fund(&s, "tenant:acme", 1, "f").await;
+    let got = receiver.wait_for(1).await;
+    assert_eq!(
+        got[0].1["event_type"], "budget.funded",
+        "future events only"
+    );
+    s.stop().await;
+}
+
+async fn replay_queues_past_events(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    s.budget("tenant:acme", USD, 10, json!({})).await;
+    for i in 0..3 {
+        fund(&s, "tenant:acme", 1, &format!("f{i}")).await;
+    }
+    let (receiver, url) = Receiver::start().await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.funded"]}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let replay = |body: Value| {
+        let path = format!("/v1/admin/webhooks/{id}/replay");
+        let s = &s;
+        async move { s.post(&path, As::Admin, body).await }
+    };
+    replay(json!({"max_events": 2}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    replay(json!({"max_events": 0}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    replay(json!({"event_types": ["nope"]}))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    let r = replay(json!({})).await;
+    let body = r.expect(202, None).clone();
+    assert_eq!(body["events_queued"], 3);
+    assert_eq!(body["estimated_completion_seconds"], 1);
+    let got = receiver.wait_for(3).await;
+    let amounts: Vec<_> = got
+        .iter()
+        .map(|(_, b)| b["data"]["new_state"]["allocated"].clone())
+        .collect();
+    assert_eq!(
+        amounts,
+        [json!(11), json!(12), json!(13)],
+        "in order, oldest first"
+    );
+    s.post("/v1/admin/webhooks/whsub_none/replay", As::Admin, json!({}))
+        .await
+        .expect(404, Some("WEBHOOK_NOT_FOUND"));
+    s.stop().await;
+}
+
+async fn test_probe_reaches_the_receiver(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (receiver, url) = Receiver::start().await;
+    s.tenant("acme").await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.funded"]}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let secret = created["signing_secret"].as_str().unwrap().to_string();
+    let r = s
+        .post(
+            &format!("/v1/admin/webhooks/{id}/test"),
+            As::Admin,
+            json!({}),
+        )
+        .await;
+    let body = r.expect(200, None).clone();
+    assert_eq!(body["success"], true);
+    assert_eq!(body["response_status"], 200);
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1["event_type"], "system.webhook_test");
+    assert_eq!(got[0].1["data"]["test"], true);
+    receiver.assert_signed(&secret);
+    receiver.status.store(500, Ordering::SeqCst);
+    let r = s
+        .post(
+            &format!("/v1/admin/webhooks/{id}/test"),
+            As::Admin,
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.expect(200, None)["success"], false);
+    let w = s.get(&format!("/v1/admin/webhooks/{id}"), As::Admin).await;
+    assert_eq!(
+        w.expect(200, None)["consecutive_failures"],
+        0,
+        "a probe counts for nothing"
+    );
+    s.stop().await;
+}
