@@ -308,6 +308,11 @@ impl State {
         self.reservations.values().map(|r| &**r)
     }
 
+    /// Webhook deliveries queued or waiting for a retry.
+    pub fn deliveries_due(&self) -> usize {
+        self.webhooks.due.len()
+    }
+
     pub fn budget_count(&self) -> usize {
         self.budgets.len()
     }

@@ -174,24 +174,17 @@ impl Tx<'_> {
             metadata: new.metadata,
         };
         self.put(Effect::PutApiKey(key.clone()));
-        self.key_event(
-            &op.actor,
-            EventType::ApiKeyCreated,
-            None,
-            &key,
-            serde_json::json!({}),
-        );
+        self.key_event(&op.actor, EventType::ApiKeyCreated, None, &key);
         Ok(key)
     }
 
-    /// Stages one `api_key.*` event of `key` (`EventDataApiKey`), with `extra` fields.
+    /// Stages one `api_key.*` event of `key` (`EventDataApiKey`).
     fn key_event(
         &mut self,
         actor: &Actor,
         event_type: EventType,
         before: Option<&ApiKey>,
         key: &ApiKey,
-        extra: serde_json::Value,
     ) {
         let mut data = serde_json::json!({
             "key_id": key.key_id,
@@ -201,9 +194,6 @@ impl Tx<'_> {
         });
         if let Some(before) = before {
             data["previous_status"] = upper(before.effective_status(self.now)).into();
-        }
-        if let (Some(data), serde_json::Value::Object(extra)) = (data.as_object_mut(), extra) {
-            data.extend(extra);
         }
         let actor = self.event_actor(actor, false);
         self.emit(NewEvent {
@@ -230,14 +220,7 @@ impl Tx<'_> {
         key.revoked_at_ms = Some(self.now);
         key.revoked_reason = reason;
         self.put(Effect::PutApiKey(key.clone()));
-        let extra = serde_json::json!({ "reason": key.revoked_reason });
-        self.key_event(
-            &op.actor,
-            EventType::ApiKeyRevoked,
-            Some(&before),
-            &key,
-            extra,
-        );
+        self.key_event(&op.actor, EventType::ApiKeyRevoked, Some(&before), &key);
         Ok(key)
     }
 
@@ -288,13 +271,7 @@ impl Tx<'_> {
         self.put(Effect::PutApiKey(key.clone()));
         if before.permissions != key.permissions || before.scope_filter != key.scope_filter {
             let event_type = EventType::ApiKeyPermissionsChanged;
-            self.key_event(
-                &op.actor,
-                event_type,
-                Some(&before),
-                &key,
-                serde_json::json!({}),
-            );
+            self.key_event(&op.actor, event_type, Some(&before), &key);
         }
         Ok(key)
     }
@@ -345,11 +322,10 @@ impl Tx<'_> {
 
     /// `api_key.auth_failed` for a secret that was presented for validation and refused.
     fn auth_failed(&mut self, key: Option<&ApiKey>, failure_reason: &str) {
-        let source_ip = self.origin().source_ip.clone();
-        let mut data = serde_json::json!({
-            "failure_reason": failure_reason,
-            "source_ip": source_ip,
-        });
+        let mut data = serde_json::json!({ "failure_reason": failure_reason });
+        if let Some(ip) = self.origin().source_ip.clone() {
+            data["source_ip"] = ip.into();
+        }
         if let Some(key) = key {
             data["key_id"] = key.key_id.clone().into();
             data["key_name"] = key.name.clone().into();

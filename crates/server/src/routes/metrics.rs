@@ -58,6 +58,21 @@ pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> 
         counter: true,
         value: app.unauthenticated().skipped(),
     });
+    let dispatch = app.dispatch_counters();
+    counters.push(store::Metric {
+        name: "cycles_webhook_deliveries_succeeded_total",
+        help: "Webhook delivery attempts answered 2xx.",
+        counter: true,
+        value: dispatch
+            .delivered
+            .load(std::sync::atomic::Ordering::Relaxed),
+    });
+    counters.push(store::Metric {
+        name: "cycles_webhook_attempts_failed_total",
+        help: "Webhook delivery attempts that failed (a non-2xx answer, a timeout, a refused address).",
+        counter: true,
+        value: dispatch.failed_attempts.load(std::sync::atomic::Ordering::Relaxed),
+    });
     let body = render(
         app.http_metrics(),
         app.load().in_flight(),

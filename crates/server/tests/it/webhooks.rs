@@ -29,6 +29,7 @@ engine_tests!(
     paused_subscriptions_receive_nothing,
     replay_queues_past_events,
     test_probe_reaches_the_receiver,
+    bulk_actions_pause_resume_and_delete,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -963,5 +964,84 @@ async fn test_probe_reaches_the_receiver(engine: Engine) {
         0,
         "a probe counts for nothing"
     );
+    s.stop().await;
+}
+
+async fn bulk_actions_pause_resume_and_delete(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    let url = "http://127.0.0.1:9/hook";
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let w = create_webhook(
+            &s,
+            Some("acme"),
+            json!({"url": url, "event_types": ["budget.funded"]}),
+        )
+        .await;
+        ids.push(
+            w["subscription"]["subscription_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let bulk = |action: &str, filter: Value, key: &str| {
+        let body = json!({"filter": filter, "action": action, "idempotency_key": key});
+        let s = &s;
+        async move {
+            s.post("/v1/admin/webhooks/bulk-action", As::Admin, body)
+                .await
+        }
+    };
+    bulk("PAUSE", json!({}), "k0")
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    bulk("STOP", json!({"tenant_id": "acme"}), "k0")
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    let r = bulk("PAUSE", json!({"tenant_id": "acme"}), "k1").await;
+    let body = r.expect(200, None).clone();
+    assert_eq!(body["total_matched"], 3);
+    assert_eq!(body["succeeded"].as_array().unwrap().len(), 3);
+    // The same key replays the first answer; pausing again skips every row.
+    assert_eq!(
+        bulk("PAUSE", json!({"tenant_id": "acme"}), "k1")
+            .await
+            .expect(200, None),
+        &body
+    );
+    let again = bulk("PAUSE", json!({"tenant_id": "acme"}), "k2").await;
+    assert_eq!(
+        again.expect(200, None)["skipped"].as_array().unwrap().len(),
+        3
+    );
+    let paused = events(&s, "event_type=webhook.paused").await;
+    assert_eq!(paused.len(), 3);
+    let correlation = paused[0]["correlation_id"].as_str().unwrap();
+    assert!(
+        correlation.starts_with("webhook_bulk_action:pause:"),
+        "{correlation}"
+    );
+    let r = bulk("RESUME", json!({"search": ids[0].clone()}), "k3").await;
+    assert_eq!(r.expect(200, None)["succeeded"][0]["id"], ids[0].as_str());
+    let r = bulk("DELETE", json!({"status": "PAUSED"}), "k4").await;
+    assert_eq!(
+        r.expect(200, None)["succeeded"].as_array().unwrap().len(),
+        2
+    );
+    let left = s.get("/v1/admin/webhooks", As::Admin).await;
+    let left = left.expect(200, None)["subscriptions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0]["status"], "ACTIVE");
+    assert_eq!(events(&s, "event_type=webhook.deleted").await.len(), 2);
+    let metrics = s.get("/metrics", As::Admin).await;
+    let text = metrics.body.as_str().unwrap_or_default().to_string();
+    assert!(text.contains("cycles_events "), "{text}");
+    assert!(text.contains("cycles_webhook_deliveries_due "), "{text}");
     s.stop().await;
 }

@@ -338,8 +338,9 @@ impl Store for EmbeddedStore {
 
     fn metrics(&self) -> Vec<Metric> {
         // Sizes are read from the state when asked, not counted on every command.
-        let (reservations, budgets) = self.shared.ledger.lock().map_or((0, 0), |l| {
-            (l.state.reservation_count(), l.state.budget_count())
+        let (reservations, budgets, due) = self.shared.ledger.lock().map_or((0, 0, 0), |l| {
+            let s = &l.state;
+            (s.reservation_count(), s.budget_count(), s.deliveries_due())
         });
         let c = &self.shared.counters;
         let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
@@ -393,6 +394,18 @@ impl Store for EmbeddedStore {
                 reservations as u64,
             ),
             metric("cycles_budgets", "Budget ledgers.", false, budgets as u64),
+            metric(
+                "cycles_webhook_deliveries_due",
+                "Webhook deliveries queued or waiting for a retry (in the state).",
+                false,
+                due as u64,
+            ),
+            metric(
+                "cycles_events",
+                "Events in the history store (on disk, not in memory).",
+                false,
+                self.shared.projector.history().event_count(),
+            ),
             metric(
                 "cycles_audit_entries",
                 "Audit entries in the history store (on disk, not in memory).",
