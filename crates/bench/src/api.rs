@@ -373,6 +373,22 @@ impl Admin {
         self.conn.post(path, body).await?.expect(200).map(drop)
     }
 
+    /// A request with a JSON body that must answer `status`; answers the JSON body.
+    pub async fn send_json(
+        &mut self,
+        method: hyper::Method,
+        path: &str,
+        body: String,
+        status: u16,
+    ) -> anyhow::Result<serde_json::Value> {
+        let reply = self
+            .conn
+            .send(method, path, Some(body))
+            .await?
+            .expect(status)?;
+        Ok(serde_json::from_slice(&reply.body).unwrap_or(serde_json::Value::Null))
+    }
+
     /// A GET that must answer 200 (the governance list cells).
     pub async fn get_ok(&mut self, path: &str) -> anyhow::Result<()> {
         self.conn.get(path).await?.expect(200).map(drop)

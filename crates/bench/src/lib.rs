@@ -14,6 +14,7 @@ mod floors;
 mod http;
 mod measure;
 mod progress;
+mod receiver;
 pub mod report;
 mod server;
 pub mod stats;
@@ -119,8 +120,12 @@ pub enum Phase {
     Fanout,
     /// The sorted lists above 10k rows (100k, 1M).
     LargeLists,
-    /// Audit log queries as the log grows (1k, then 1M entries), and the memory it costs.
+    /// Audit log and event log queries as they grow (1k, then 1M entries each), and the
+    /// memory they cost.
     Audit,
+    /// Webhook deliveries per second to a receiver in this process (the server must be
+    /// able to reach it: the phase opens its webhook security configuration to loopback).
+    Webhooks,
 }
 
 impl Phase {
@@ -132,6 +137,7 @@ impl Phase {
             Phase::Fanout => "fanout",
             Phase::LargeLists => "large-lists",
             Phase::Audit => "audit",
+            Phase::Webhooks => "webhooks",
         }
     }
 }
@@ -218,6 +224,7 @@ fn config(args: &RunArgs) -> anyhow::Result<suite::Config> {
                     Phase::Fanout,
                     Phase::LargeLists,
                     Phase::Audit,
+                    Phase::Webhooks,
                 ]
                 .iter()
                 .map(|p| p.name().to_string())

@@ -234,13 +234,22 @@ pub struct Resources {
     pub audit_rss_after_bytes: Option<u64>,
     #[serde(default)]
     pub audit_entries_after: Option<u64>,
+    /// Webhook deliveries per second to a local receiver (the webhooks phase).
+    #[serde(default)]
+    pub webhook_deliveries_per_sec: Option<f64>,
+    #[serde(default)]
+    pub webhook_deliveries: Option<u64>,
 }
 
-/// The audit cells, each run at every audit log size (`<cell> @1k`, `<cell> @1M`).
-pub const AUDIT_CELLS: [&str; 3] = [
+/// The history cells, each run at every size of the history (`<cell> @1k`, `<cell> @1M`):
+/// the audit fixture's writes are top-ups, and each leaves one audit entry and one
+/// `budget.funded` event, so the audit log and the event log grow together.
+pub const HISTORY_CELLS: [&str; 5] = [
     "AUDIT newest page",
     "AUDIT one tenant's top-ups",
     "AUDIT refusals",
+    "EVENT newest page",
+    "EVENT one tenant's top-ups",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -356,7 +365,7 @@ impl Report {
                 });
             }
         }
-        for cell in AUDIT_CELLS {
+        for cell in HISTORY_CELLS {
             if let (Some(big), Some(small)) =
                 (p50(&format!("{cell} @1M")), p50(&format!("{cell} @1k")))
             {
@@ -379,6 +388,13 @@ impl Report {
                 target: "RSS after 1M audit entries ≤ RSS before + 50 MiB".into(),
                 measured: format!("{:+.1} MiB ({} entries)", grown / (1 << 20) as f64, entries),
                 met: grown <= (50 << 20) as f64,
+            });
+        }
+        if let (Some(rate), Some(n)) = (res.webhook_deliveries_per_sec, res.webhook_deliveries) {
+            out.push(TargetCheck {
+                target: "webhook deliveries to a local receiver ≥ 5000/s".into(),
+                measured: format!("{rate:.0}/s ({n} deliveries)"),
+                met: rate >= 5000.0,
             });
         }
         if let (Some(big), Some(small)) = (p50("LIST sorted @1M"), p50("LIST sorted @1k")) {

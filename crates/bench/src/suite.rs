@@ -18,8 +18,8 @@ use crate::http::{Conn, Target};
 use crate::measure::{self, LoadOp, Timed};
 use crate::progress::{Phase, Progress};
 use crate::report::{
-    CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo, AUDIT_CELLS,
-    FSYNC_FLOOR, HTTP_FLOOR, REDIS_FLOOR, SCHEMA,
+    CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo, FSYNC_FLOOR,
+    HISTORY_CELLS, HTTP_FLOOR, REDIS_FLOOR, SCHEMA,
 };
 use crate::server::{self, Counters, CpuClock, PerOp};
 use crate::stats::Sample;
@@ -66,6 +66,8 @@ pub struct Suite {
     lists: Vec<(u64, Tenant)>,
     notes: Vec<String>,
     audit: AuditMemory,
+    /// The webhooks phase's deliveries and their rate.
+    deliveries: Option<(u64, f64)>,
 }
 
 /// The server's memory around the audit fixtures.
@@ -119,6 +121,7 @@ impl Suite {
             lists: Vec::new(),
             notes: Vec::new(),
             audit: AuditMemory::default(),
+            deliveries: None,
         })
     }
 
@@ -141,6 +144,9 @@ impl Suite {
         // size must be the size its cells are labelled with.
         if self.runs("audit") {
             self.audit().await?;
+        }
+        if self.runs("webhooks") {
+            self.webhooks().await?;
         }
         for trial in 1..=trials {
             self.progress.note(&format!("trial {trial}/{trials}"));
@@ -210,6 +216,8 @@ impl Suite {
                 audit_rss_before_bytes: self.audit.rss_before,
                 audit_rss_after_bytes: self.audit.rss_after,
                 audit_entries_after: self.audit.entries_after,
+                webhook_deliveries_per_sec: self.deliveries.map(|(_, rate)| rate),
+                webhook_deliveries: self.deliveries.map(|(n, _)| n),
                 ..Resources::default()
             },
             targets: Vec::new(),
@@ -585,12 +593,17 @@ impl Suite {
                     tenant.id
                 ),
                 "/v1/admin/audit/logs?status_min=400&limit=50".to_string(),
+                "/v1/admin/events?limit=50".to_string(),
+                format!(
+                    "/v1/admin/events?tenant_id={}&event_type=budget.funded&limit=50",
+                    tenant.id
+                ),
             ];
             let mut admin = Admin::new(&self.target, &self.cfg.admin_key);
             for trial in 1..=trials {
                 self.progress
                     .note(&format!("audit cells @{label}, trial {trial}/{trials}"));
-                for (cell, page) in AUDIT_CELLS.iter().zip(&pages) {
+                for (cell, page) in HISTORY_CELLS.iter().zip(&pages) {
                     let meta =
                         CaseMeta::new(format!("{cell} @{label}"), Class::Read, 1, 0).rows(size);
                     self.case(meta, &mut async |_| admin.get_ok(page).await)
@@ -663,6 +676,93 @@ impl Suite {
             "audit log grown to {now} entries in {built:.1} s ({writes} writes)"
         ));
         server::settle(self.cfg.server_pid, Duration::from_secs(120)).await;
+        Ok(())
+    }
+
+    // ---- webhook deliveries ----
+
+    /// Deliveries per second: a tenant's `REPLAY_EVENTS` events are replayed
+    /// `REPLAY_ROUNDS` times to a subscription whose receiver runs in this process, and
+    /// the rate is the deliveries over the time from the first replay to the last delivery
+    /// received.
+    async fn webhooks(&mut self) -> anyhow::Result<()> {
+        const REPLAY_EVENTS: u64 = 1_000;
+        const REPLAY_ROUNDS: u64 = 20;
+        let tenant = self.funded_tenant("webhooks", ALLOCATED).await?;
+        let phase = self
+            .progress
+            .phase("fixture events to replay", REPLAY_EVENTS);
+        let (path, body) = Admin::credit(&tenant.id)?;
+        for _ in 0..REPLAY_EVENTS {
+            self.admin.post_ok(&path, body.clone()).await?;
+            phase.inc(1);
+        }
+        phase.finish();
+        let receiver = crate::receiver::Receiver::start().await?;
+        self.admin
+            .send_json(
+                hyper::Method::PUT,
+                "/v1/admin/config/webhook-security",
+                r#"{"blocked_cidr_ranges": [], "allow_http": true}"#.into(),
+                200,
+            )
+            .await?;
+        let created = self
+            .admin
+            .send_json(
+                hyper::Method::POST,
+                &format!("/v1/admin/webhooks?tenant_id={}", tenant.id),
+                serde_json::json!({"url": receiver.url(), "event_types": ["budget.funded"]})
+                    .to_string(),
+                201,
+            )
+            .await?;
+        let id = created["subscription"]["subscription_id"]
+            .as_str()
+            .context("the created subscription's id")?
+            .to_string();
+        let want = REPLAY_EVENTS * REPLAY_ROUNDS;
+        let phase = self.progress.phase("webhook deliveries", want);
+        let started = Instant::now();
+        for _ in 0..REPLAY_ROUNDS {
+            let queued = self
+                .admin
+                .send_json(
+                    hyper::Method::POST,
+                    &format!("/v1/admin/webhooks/{id}/replay"),
+                    format!(r#"{{"max_events": {REPLAY_EVENTS}}}"#),
+                    202,
+                )
+                .await?;
+            if queued["events_queued"].as_u64() != Some(REPLAY_EVENTS) {
+                bail!(
+                    "a replay queued {} deliveries, not {REPLAY_EVENTS}",
+                    queued["events_queued"]
+                );
+            }
+        }
+        let deadline = started + Duration::from_secs(300);
+        let mut shown = 0;
+        loop {
+            let got = receiver.count();
+            phase.inc(got.min(want) - shown);
+            shown = got.min(want);
+            if got >= want {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("only {got} of {want} webhook deliveries arrived in 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        phase.finish();
+        let rate = want as f64 / seconds.max(1e-9);
+        self.progress.note(&format!(
+            "{want} webhook deliveries in {seconds:.2} s: {rate:.0}/s"
+        ));
+        self.deliveries = Some((want, rate));
+        server::settle(self.cfg.server_pid, Duration::from_secs(60)).await;
         Ok(())
     }
 
