@@ -36,6 +36,110 @@ enum What {
     Overview,
     /// The audit log: every admin write and every refused attempt, newest first.
     Audit(AuditArgs),
+    /// Webhook subscriptions, their deliveries, test probes and replays.
+    #[command(subcommand)]
+    Webhook(WebhookCmd),
+    /// The event log, newest first.
+    Events(EventArgs),
+}
+
+#[derive(Subcommand)]
+enum WebhookCmd {
+    /// Subscribe a URL to events; the signing secret is printed once.
+    Create {
+        #[arg(long)]
+        url: String,
+        /// The owning tenant (default: a system-wide subscription).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// An event type to receive, e.g. budget.exhausted (repeatable).
+        #[arg(long = "event-type")]
+        event_types: Vec<String>,
+        /// An event category to receive, e.g. budget (repeatable).
+        #[arg(long = "category")]
+        categories: Vec<String>,
+        /// Only events at scopes matching this pattern (`tenant:acme/*`).
+        #[arg(long)]
+        scope_filter: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List subscriptions.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// ACTIVE, PAUSED or DISABLED.
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Pause a subscription (events meanwhile are not queued for it).
+    Pause { id: String },
+    /// Resume a paused subscription, or re-enable a disabled one.
+    Resume { id: String },
+    /// Delete a subscription; its pending deliveries are cancelled.
+    Delete { id: String },
+    /// Send it a signed system.webhook_test event now.
+    Test { id: String },
+    /// A subscription's deliveries, newest first.
+    Deliveries {
+        id: String,
+        /// PENDING, SUCCESS, FAILED or RETRYING.
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Queue past events again (at most --max-events, all or nothing).
+    Replay {
+        id: String,
+        #[arg(long)]
+        from: Option<String>,
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        max_events: u32,
+    },
+    /// Show or set the URL security configuration (the SSRF guard).
+    Security {
+        /// Allow http:// URLs (development only).
+        #[arg(long)]
+        allow_http: Option<bool>,
+        /// A CIDR range URLs may not resolve to (repeatable; replaces the list).
+        #[arg(long = "blocked-cidr")]
+        blocked: Vec<String>,
+        /// Block nothing (for a receiver on this machine, in development).
+        #[arg(long, conflicts_with = "blocked")]
+        block_nothing: bool,
+        /// A glob URLs must match (repeatable; replaces the list).
+        #[arg(long = "allowed-url")]
+        allowed: Vec<String>,
+    },
+}
+
+/// The event log's filters (each AND-ed with the others).
+#[derive(Args)]
+struct EventArgs {
+    #[arg(long)]
+    tenant: Option<String>,
+    #[arg(long)]
+    event_type: Option<String>,
+    #[arg(long)]
+    category: Option<String>,
+    /// A scope prefix.
+    #[arg(long)]
+    scope: Option<String>,
+    #[arg(long)]
+    correlation_id: Option<String>,
+    #[arg(long)]
+    request_id: Option<String>,
+    #[arg(long)]
+    from: Option<String>,
+    #[arg(long)]
+    to: Option<String>,
+    #[command(flatten)]
+    list: ListArgs,
 }
 
 /// The audit log's filters (each AND-ed with the others).
@@ -267,6 +371,35 @@ const AUDIT_COLUMNS: &[Column] = &[
     ("REQUEST", "/request_id"),
 ];
 
+const EVENT_COLUMNS: &[Column] = &[
+    ("TIME", "/timestamp"),
+    ("TYPE", "/event_type"),
+    ("TENANT", "/tenant_id"),
+    ("SCOPE", "/scope"),
+    ("ACTOR", "/actor/type"),
+    ("EVENT", "/event_id"),
+    ("REQUEST", "/request_id"),
+];
+
+const WEBHOOK_COLUMNS: &[Column] = &[
+    ("ID", "/subscription_id"),
+    ("TENANT", "/tenant_id"),
+    ("STATUS", "/status"),
+    ("URL", "/url"),
+    ("FAILURES", "/consecutive_failures"),
+    ("LAST SUCCESS", "/last_success_at"),
+];
+
+const DELIVERY_COLUMNS: &[Column] = &[
+    ("DELIVERY", "/delivery_id"),
+    ("EVENT", "/event_type"),
+    ("STATUS", "/status"),
+    ("ATTEMPTS", "/attempts"),
+    ("HTTP", "/response_status"),
+    ("MS", "/response_time_ms"),
+    ("ERROR", "/error_message"),
+];
+
 const BUDGET_COLUMNS: &[Column] = &[
     ("SCOPE", "/scope"),
     ("UNIT", "/unit"),
@@ -401,6 +534,25 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
             let rows = list_all(&client, "/v1/admin/audit/logs", query, "logs", &a.list)?;
             return table::print(&rows, AUDIT_COLUMNS, a.list.json);
         }
+        What::Events(e) => {
+            let query = params(&[
+                ("tenant_id", e.tenant),
+                ("event_type", e.event_type),
+                ("category", e.category),
+                ("scope", e.scope),
+                ("correlation_id", e.correlation_id),
+                ("request_id", e.request_id),
+                ("from", e.from),
+                ("to", e.to),
+            ]);
+            let rows = list_all(&client, "/v1/admin/events", query, "events", &e.list)?;
+            return table::print(&rows, EVENT_COLUMNS, e.list.json);
+        }
+        What::Webhook(cmd) => match webhook(&client, cmd)? {
+            // A list, already printed.
+            Value::Null => return Ok(()),
+            answer => answer,
+        },
         What::Tenant(TenantCmd::Create { id, name }) => client.call(
             Method::POST,
             "/v1/admin/tenants",
@@ -481,4 +633,112 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
+}
+
+/// `cycles admin webhook …`: what it answers (lists print their own table and answer
+/// `Value::Null`).
+fn webhook(client: &Client, cmd: WebhookCmd) -> anyhow::Result<Value> {
+    let at = |id: &str| format!("/v1/admin/webhooks/{}", q(id));
+    let patch = |id: &str, status: &str| {
+        client.call(
+            Method::PATCH,
+            &at(id),
+            Some(&serde_json::json!({ "status": status })),
+        )
+    };
+    Ok(match cmd {
+        WebhookCmd::Create {
+            url,
+            tenant,
+            event_types,
+            categories,
+            scope_filter,
+            name,
+        } => {
+            let mut body = serde_json::json!({ "url": url, "event_types": event_types });
+            if !categories.is_empty() {
+                body["event_categories"] = categories.into();
+            }
+            if let Some(f) = scope_filter {
+                body["scope_filter"] = f.into();
+            }
+            if let Some(n) = name {
+                body["name"] = n.into();
+            }
+            let path = match tenant {
+                Some(t) => format!("/v1/admin/webhooks?tenant_id={}", q(&t)),
+                None => "/v1/admin/webhooks".into(),
+            };
+            client.call(Method::POST, &path, Some(&body))?
+        }
+        WebhookCmd::List {
+            tenant,
+            status,
+            list,
+        } => {
+            let query = params(&[("tenant_id", tenant), ("status", status)]);
+            let rows = list_all(client, "/v1/admin/webhooks", query, "subscriptions", &list)?;
+            table::print(&rows, WEBHOOK_COLUMNS, list.json)?;
+            return Ok(Value::Null);
+        }
+        WebhookCmd::Pause { id } => patch(&id, "PAUSED")?,
+        WebhookCmd::Resume { id } => patch(&id, "ACTIVE")?,
+        WebhookCmd::Delete { id } => {
+            client.call::<Value>(Method::DELETE, &at(&id), NO_BODY)?;
+            serde_json::json!({ "deleted": id })
+        }
+        WebhookCmd::Test { id } => client.call(
+            Method::POST,
+            &format!("{}/test", at(&id)),
+            Some(&serde_json::json!({})),
+        )?,
+        WebhookCmd::Deliveries { id, status, list } => {
+            let query = params(&[("status", status)]);
+            let path = format!("{}/deliveries", at(&id));
+            let rows = list_all(client, &path, query, "deliveries", &list)?;
+            table::print(&rows, DELIVERY_COLUMNS, list.json)?;
+            return Ok(Value::Null);
+        }
+        WebhookCmd::Replay {
+            id,
+            from,
+            to,
+            max_events,
+        } => {
+            let mut body = serde_json::json!({ "max_events": max_events });
+            if let Some(f) = from {
+                body["from"] = f.into();
+            }
+            if let Some(t) = to {
+                body["to"] = t.into();
+            }
+            client.call(Method::POST, &format!("{}/replay", at(&id)), Some(&body))?
+        }
+        WebhookCmd::Security {
+            allow_http,
+            blocked,
+            block_nothing,
+            allowed,
+        } => {
+            let path = "/v1/admin/config/webhook-security";
+            let mut config = client.call(Method::GET, path, NO_BODY)?;
+            let changing =
+                allow_http.is_some() || !blocked.is_empty() || block_nothing || !allowed.is_empty();
+            if !changing {
+                return Ok(config);
+            }
+            if let Some(a) = allow_http {
+                config["allow_http"] = a.into();
+            }
+            if block_nothing {
+                config["blocked_cidr_ranges"] = serde_json::json!([]);
+            } else if !blocked.is_empty() {
+                config["blocked_cidr_ranges"] = blocked.into();
+            }
+            if !allowed.is_empty() {
+                config["allowed_url_patterns"] = allowed.into();
+            }
+            client.call(Method::PUT, path, Some(&config))?
+        }
+    })
 }

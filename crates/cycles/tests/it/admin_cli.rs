@@ -161,5 +161,58 @@ async fn admin_lists_update_and_overview() {
         admin(&server, &["audit", "--errors"]),
         serde_json::json!([])
     );
+    // Events, and webhooks: the security configuration, a subscription, its deliveries.
+    let events = admin(
+        &server,
+        &["events", "--tenant", "team-002", "--category", "budget"],
+    );
+    assert_eq!(column(&events, "event_type"), ["budget.created"]);
+    let security = admin(
+        &server,
+        &[
+            "webhook",
+            "security",
+            "--allow-http",
+            "true",
+            "--block-nothing",
+        ],
+    );
+    assert_eq!(security["allow_http"], true);
+    assert_eq!(security["blocked_cidr_ranges"], serde_json::json!([]));
+    let created = admin(
+        &server,
+        &[
+            "webhook",
+            "create",
+            "--tenant",
+            "team-002",
+            "--url",
+            "http://127.0.0.1:9/hook",
+            "--event-type",
+            "budget.funded",
+        ],
+    );
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(created["signing_secret"].as_str().is_some());
+    let listed = admin(&server, &["webhook", "list", "--tenant", "team-002"]);
+    assert_eq!(column(&listed, "subscription_id"), [id.as_str()]);
+    let paused = admin(&server, &["webhook", "pause", &id]);
+    assert_eq!(paused["status"], "PAUSED");
+    assert_eq!(
+        admin(&server, &["webhook", "deliveries", &id]),
+        serde_json::json!([])
+    );
+    assert_eq!(
+        admin(&server, &["webhook", "delete", &id])["deleted"],
+        id.as_str()
+    );
+    let lifecycle = admin(&server, &["events", "--category", "webhook"]);
+    assert_eq!(
+        column(&lifecycle, "event_type"),
+        ["webhook.deleted", "webhook.paused", "webhook.created"]
+    );
     server.terminate().await;
 }
