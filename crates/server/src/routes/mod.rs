@@ -37,6 +37,7 @@ use crate::audit::{AuditIds, AuditScope, OperationIndex, Presented, RequestFacts
 use crate::correlation::{self, Correlation};
 use crate::dashboard::{self, Dashboard};
 use crate::openapi;
+use crate::origin::RequestOrigin;
 use crate::ratelimit::{self, Limiter, RateLimit};
 
 pub fn router(
@@ -76,22 +77,21 @@ pub fn operations() -> OpenApiRouter<Arc<App>> {
 /// layer costs every request a boxed service and a boxed future.
 async fn every_request(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
     let correlation = Correlation::of(request.headers());
-    let text = |v: &axum::http::HeaderValue| v.to_str().ok().map(str::to_string);
-    let origin = ledger::Origin {
-        request_id: text(&correlation.request_id),
-        trace_id: text(&correlation.trace_id),
-        source_ip: request
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(peer)| peer.ip().to_string()),
-    };
     if crate::audit::applies(request.method(), request.uri().path(), request.headers()) {
         request.extensions_mut().insert(AuditIds {
             request_id: correlation.request_id.clone(),
             trace_id: correlation.trace_id.clone(),
         });
     }
-    let response = crate::origin::within(origin, metrics::observe(&app, request, next)).await;
+    let origin = RequestOrigin {
+        correlation,
+        peer: request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| peer.ip()),
+    };
+    let (response, correlation) =
+        crate::origin::within(origin, metrics::observe(&app, request, next)).await;
     correlation::finish(response, correlation)
 }
 

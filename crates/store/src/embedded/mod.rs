@@ -94,8 +94,8 @@ pub struct OpenReport {
     pub truncated_bytes: u64,
     pub last_seq: u64,
     pub reservations: usize,
-    /// History (audit entries, events, deliveries) taken from the journal into the history store at start (those a crash
-    /// left on their way).
+    /// History (audit entries, events, deliveries) taken from the journal into the history
+    /// store at start (what a crash left on its way).
     pub history_reprojected: usize,
     /// History rows deleted at start because the history store was ahead of the journal.
     pub history_trimmed: u64,

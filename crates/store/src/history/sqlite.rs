@@ -341,8 +341,9 @@ impl History for SqliteHistory {
         )?;
         self.events.fetch_sub(events, Ordering::AcqRel);
         deleted += events;
-        // A delivery's later versions went with their records; its row is the newest
-        // version, so one written after `seq` goes too (the journal re-creates what it has).
+        // A delivery's row is its newest version, and its earlier ones are not kept apart:
+        // a row written after `seq` goes whole. One still due is written again by its next
+        // attempt; a final one's record is lost with the copy that was ahead.
         deleted += delete_rows(
             &writer,
             "DELETE FROM deliveries WHERE delivery_id IN (SELECT delivery_id FROM deliveries              WHERE record_seq > ?1 LIMIT ?2)",
