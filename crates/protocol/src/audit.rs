@@ -5,9 +5,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::cursor::{encode_sorted_cursor, SortedRequest};
+use crate::cursor::SortedRequest;
+use crate::query::{check_trace_id, time_window};
 use crate::schema::{AuditSortBy, SortDirection};
-use crate::{format_rfc3339, parse_rfc3339, ApiError, ClampedLimit, NextPage, Search};
+use crate::{format_rfc3339, ApiError, ClampedLimit, NextPage, Search};
 
 /// The most values a list parameter takes.
 pub const MAX_LIST_ITEMS: usize = 25;
@@ -93,33 +94,8 @@ impl AuditListParams {
             }
         }
         let status = self.status_filter()?;
-        let time = |name: &str, value: &Option<String>| {
-            value
-                .as_deref()
-                .map(|v| {
-                    parse_rfc3339(v).ok_or_else(|| {
-                        ApiError::invalid(format!("{name}: must be an RFC 3339 date-time"))
-                    })
-                })
-                .transpose()
-        };
-        let (from_ms, to_ms) = (time("from", &self.from)?, time("to", &self.to)?);
-        if let (Some(from), Some(to)) = (from_ms, to_ms) {
-            if from > to {
-                return Err(ApiError::invalid("from: must not be after to"));
-            }
-        }
-        if let Some(trace) = &self.trace_id {
-            let hex = trace.len() == 32
-                && trace
-                    .bytes()
-                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-            if !hex {
-                return Err(ApiError::invalid(
-                    "trace_id: must be 32 lowercase hex characters",
-                ));
-            }
-        }
+        let (from_ms, to_ms) = time_window(&self.from, &self.to)?;
+        check_trace_id(&self.trace_id)?;
         let filter = AuditFilter {
             tenant_id: self.tenant_id,
             key_id: self.key_id,
@@ -261,10 +237,7 @@ pub struct AuditLogListResponse {
 
 impl AuditLogListResponse {
     pub fn new(next: &NextPage, page: AuditPage) -> Self {
-        let next_cursor = match (&next.0, page.next) {
-            (Some(binding), Some(position)) => Some(encode_sorted_cursor(binding, position)),
-            _ => None,
-        };
+        let next_cursor = next.after(page.next);
         AuditLogListResponse {
             has_more: next_cursor.is_some(),
             logs: page.entries.into_iter().map(Into::into).collect(),

@@ -148,6 +148,11 @@ impl<S: WireName> SortedRequest<'_, S> {
 pub struct NextPage(pub(crate) Option<Binding<'static>>);
 
 impl NextPage {
+    /// The cursor after `position` (a history page's last row, when more follow).
+    pub(crate) fn after(&self, position: Option<Position>) -> Option<String> {
+        Some(encode_sorted_cursor(self.0.as_ref()?, position?))
+    }
+
     /// The cursor of the page after `page` in a sorted order, when there is one.
     pub fn sorted<T>(&self, page: &SortedPage<T>) -> Option<String> {
         let binding = self.0.as_ref()?;

@@ -317,6 +317,43 @@ impl<'de, 'a> de::Deserializer<'de> for Values<'a> {
     }
 }
 
+/// `from` / `to` of a history query: RFC 3339 bounds (inclusive), `from` not after `to`.
+pub(crate) fn time_window(
+    from: &Option<String>,
+    to: &Option<String>,
+) -> Result<(Option<i64>, Option<i64>), ApiError> {
+    let time = |name: &str, value: &Option<String>| {
+        value
+            .as_deref()
+            .map(|v| {
+                crate::parse_rfc3339(v).ok_or_else(|| {
+                    ApiError::invalid(format!("{name}: must be an RFC 3339 date-time"))
+                })
+            })
+            .transpose()
+    };
+    let (from_ms, to_ms) = (time("from", from)?, time("to", to)?);
+    if let (Some(f), Some(t)) = (from_ms, to_ms) {
+        if f > t {
+            return Err(ApiError::invalid("from: must not be after to"));
+        }
+    }
+    Ok((from_ms, to_ms))
+}
+
+/// A `trace_id` filter: 32 lowercase hex characters.
+pub(crate) fn check_trace_id(trace: &Option<String>) -> Result<(), ApiError> {
+    if let Some(t) = trace {
+        let hex = t.len() == 32 && t.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !hex {
+            return Err(ApiError::invalid(
+                "trace_id: must be 32 lowercase hex characters",
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;

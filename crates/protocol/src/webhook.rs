@@ -13,10 +13,11 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::cursor::{encode_sorted_cursor, SortedRequest};
+use crate::cursor::SortedRequest;
+use crate::query::{check_trace_id, time_window as window};
 use crate::validate::max_len;
 use crate::wire::parse_wire;
-use crate::{format_rfc3339, parse_rfc3339, ApiError, ClampedLimit, NextPage, Search, Validate};
+use crate::{format_rfc3339, ApiError, ClampedLimit, NextPage, Search, Validate};
 
 /// An event type by its name, else 400 naming `field`.
 pub fn parse_event_type(field: &str, name: &str) -> Result<EventType, ApiError> {
@@ -31,41 +32,6 @@ fn parse_category(field: &str, name: &str) -> Result<EventCategory, ApiError> {
              api_key, policy, reservation, system, webhook)"
         ))
     })
-}
-
-fn time(name: &str, value: &Option<String>) -> Result<Option<i64>, ApiError> {
-    value
-        .as_deref()
-        .map(|v| {
-            parse_rfc3339(v)
-                .ok_or_else(|| ApiError::invalid(format!("{name}: must be an RFC 3339 date-time")))
-        })
-        .transpose()
-}
-
-fn window(
-    from: &Option<String>,
-    to: &Option<String>,
-) -> Result<(Option<i64>, Option<i64>), ApiError> {
-    let (from_ms, to_ms) = (time("from", from)?, time("to", to)?);
-    if let (Some(f), Some(t)) = (from_ms, to_ms) {
-        if f > t {
-            return Err(ApiError::invalid("from: must not be after to"));
-        }
-    }
-    Ok((from_ms, to_ms))
-}
-
-fn check_trace_id(trace: &Option<String>) -> Result<(), ApiError> {
-    if let Some(t) = trace {
-        let hex = t.len() == 32 && t.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-        if !hex {
-            return Err(ApiError::invalid(
-                "trace_id: must be 32 lowercase hex characters",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The query of `GET /v1/admin/events` (and, without the admin-only filters, of
@@ -257,10 +223,7 @@ pub struct EventListResponse {
 
 impl EventListResponse {
     pub fn new(next: &NextPage, page: EventPage) -> Self {
-        let next_cursor = match (&next.0, page.next) {
-            (Some(binding), Some(position)) => Some(encode_sorted_cursor(binding, position)),
-            _ => None,
-        };
+        let next_cursor = next.after(page.next);
         EventListResponse {
             has_more: next_cursor.is_some(),
             events: page.events.into_iter().map(Into::into).collect(),
