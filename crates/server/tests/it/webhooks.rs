@@ -30,6 +30,7 @@ engine_tests!(
     replay_queues_past_events,
     test_probe_reaches_the_receiver,
     bulk_actions_pause_resume_and_delete,
+    a_hanging_or_redirecting_receiver_holds_up_only_itself,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -1043,5 +1044,78 @@ async fn bulk_actions_pause_resume_and_delete(engine: Engine) {
     let text = metrics.body.as_str().unwrap_or_default().to_string();
     assert!(text.contains("cycles_events "), "{text}");
     assert!(text.contains("cycles_webhook_deliveries_due "), "{text}");
+    s.stop().await;
+}
+
+/// A receiver that never answers, and one that redirects: neither holds up another
+/// subscription's deliveries, and a redirect is a failed attempt (it is not followed).
+async fn a_hanging_or_redirecting_receiver_holds_up_only_itself(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    let hang = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(std::future::pending::<&'static str>),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang_url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, hang).await });
+    let redirect = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async {
+            (
+                StatusCode::FOUND,
+                [("location", "http://169.254.169.254/")],
+                "",
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redirect_url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, redirect).await });
+    let (receiver, url) = Receiver::start().await;
+    for u in [&hang_url, &redirect_url] {
+        create_webhook(
+            &s,
+            Some("acme"),
+            json!({"url": u, "event_types": ["budget.created"]}),
+        )
+        .await;
+    }
+    let ok = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.created"]}),
+    )
+    .await;
+    let ok_id = ok["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let redirected = s.get("/v1/admin/webhooks?sort_by=url", As::Admin).await;
+    let redirected: Vec<String> = redirected.expect(200, None)["subscriptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["url"] == redirect_url.as_str())
+        .map(|w| w["subscription_id"].as_str().unwrap().to_string())
+        .collect();
+    s.budget("tenant:acme", USD, 10, json!({})).await;
+    let started = std::time::Instant::now();
+    receiver.wait_for(1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "held up by the hanging receiver"
+    );
+    wait_deliveries(&s, &ok_id, |d| {
+        d.first().is_some_and(|d| d["status"] == "SUCCESS")
+    })
+    .await;
+    let d = wait_deliveries(&s, &redirected[0], |d| {
+        d.first().is_some_and(|d| d["attempts"] == 1)
+    })
+    .await;
+    assert_eq!(d[0]["response_status"], 302);
+    assert_eq!(d[0]["status"], "RETRYING");
     s.stop().await;
 }
