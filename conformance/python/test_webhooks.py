@@ -226,6 +226,9 @@ def test_deliveries_are_signed_and_listed(server: Server, receiver: Receiver) ->
     one = lifecycle[0]
     assert ok(admin.get(f"/v1/admin/events/{one['event_id']}")) == one
     ok(admin.delete(f"/v1/admin/webhooks/{sub['subscription_id']}"), 204)
+    overview = ok(admin.get("/v1/admin/overview"))
+    assert overview["event_counts"]["total_recent"] > 0
+    assert overview["event_counts"]["by_category"].get("webhook", 0) >= 4
 
 
 def test_refusals_use_the_spec_codes(server: Server, receiver: Receiver) -> None:

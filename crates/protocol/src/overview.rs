@@ -2,10 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use ledger::{Budget, BudgetStatus, Overview, TenantStatus, Unit};
+use ledger::{Budget, BudgetStatus, Event, Overview, TenantStatus, Unit};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::webhook::EventResponse;
 use crate::{format_rfc3339, WireUnit};
 
 /// The window `event_counts` and the recent-event lists cover (the reference's hour).
@@ -16,8 +17,8 @@ pub const EVENT_WINDOW_SECONDS: u64 = 3_600;
 #[schema(
     as = AdminOverviewResponse,
     description = "Counts of tenants and budgets by state, the budgets with the largest debts, \
-        and the webhook and event figures of the last `event_window_seconds`. The server \
-        records no events or webhooks yet, so those figures are zero and their lists empty."
+        the webhook subscriptions and the ones failing most, and the events of the last \
+        `event_window_seconds`: counts by category, the latest denials and expiries."
 )]
 pub struct OverviewResponse {
     #[schema(format = DateTime)]
@@ -30,14 +31,31 @@ pub struct OverviewResponse {
     /// At most 10, largest debt first.
     pub debt_scopes: Vec<DebtScope>,
     pub webhook_counts: WebhookCounts,
-    /// Always empty until webhooks exist (an array of length 0 by type).
-    #[schema(value_type = Vec<Object>)]
-    pub failing_webhooks: [(); 0],
+    /// At most 10, most consecutive failures first.
+    pub failing_webhooks: Vec<FailingWebhook>,
     pub event_counts: EventCounts,
-    #[schema(value_type = Vec<Object>)]
-    pub recent_denials: [(); 0],
-    #[schema(value_type = Vec<Object>)]
-    pub recent_expiries: [(); 0],
+    /// The latest `reservation.denied` events of the window, at most 10.
+    pub recent_denials: Vec<EventResponse>,
+    /// The latest `reservation.expired` events of the window, at most 10.
+    pub recent_expiries: Vec<EventResponse>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FailingWebhook {
+    pub subscription_id: String,
+    pub url: String,
+    pub consecutive_failures: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub last_failure_at: Option<String>,
+}
+
+/// What the overview reads from the event log.
+#[derive(Debug, Default)]
+pub struct RecentEvents {
+    pub by_category: Vec<(String, u64)>,
+    pub denials: Vec<Event>,
+    pub expiries: Vec<Event>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -91,8 +109,8 @@ pub struct EventCounts {
     pub by_category: BTreeMap<String, usize>,
 }
 
-impl From<Overview> for OverviewResponse {
-    fn from(o: Overview) -> Self {
+impl OverviewResponse {
+    pub fn new(o: Overview, recent: RecentEvents) -> Self {
         let c = o.counts;
         let tenant_counts = TenantCounts {
             active: c.tenants(TenantStatus::Active),
@@ -132,11 +150,32 @@ impl From<Overview> for OverviewResponse {
             budget_counts,
             over_limit_scopes: o.over_limit.into_iter().map(over_limit).collect(),
             debt_scopes: o.in_debt.into_iter().map(in_debt).collect(),
-            webhook_counts: WebhookCounts::default(),
-            failing_webhooks: [],
-            event_counts: EventCounts::default(),
-            recent_denials: [],
-            recent_expiries: [],
+            webhook_counts: WebhookCounts {
+                total: o.webhooks[0],
+                active: o.webhooks[1],
+                disabled: o.webhooks[2],
+                with_failures: o.webhooks[3],
+            },
+            failing_webhooks: o
+                .failing
+                .iter()
+                .map(|w| FailingWebhook {
+                    subscription_id: w.subscription_id.clone(),
+                    url: w.url.clone(),
+                    consecutive_failures: w.consecutive_failures,
+                    last_failure_at: w.last_failure_at_ms.map(format_rfc3339),
+                })
+                .collect(),
+            event_counts: EventCounts {
+                total_recent: recent.by_category.iter().map(|(_, n)| *n as usize).sum(),
+                by_category: recent
+                    .by_category
+                    .into_iter()
+                    .map(|(c, n)| (c, n as usize))
+                    .collect(),
+            },
+            recent_denials: recent.denials.into_iter().map(Into::into).collect(),
+            recent_expiries: recent.expiries.into_iter().map(Into::into).collect(),
         }
     }
 }

@@ -203,7 +203,9 @@ pub(crate) fn changed(fields: &[(&str, bool)]) -> Vec<String> {
 impl Tx<'_> {
     /// The runtime's balance events (reference-behaviour §16.1, transition-based) of budgets
     /// about to be written as `after`, against their values before this operation:
-    /// `budget.exhausted` when the remaining reached 0, `budget.over_limit_entered` when the
+    /// `budget.exhausted` when the remaining reached 0 (or went below it: the reference
+    /// only fires on exactly 0, and misses an overdraft charge that passes zero),
+    /// `budget.over_limit_entered` when the
     /// budget went over its limit, and with `debt` (a charge's reservation and overage
     /// policy) `budget.debt_incurred` where it added debt. The common case (none of these)
     /// costs a few comparisons.
@@ -214,14 +216,15 @@ impl Tx<'_> {
         debt: Option<(Option<&str>, crate::OveragePolicy)>,
     ) {
         for b in after {
-            if b.remaining != 0 && !b.is_over_limit && b.debt == 0 {
+            if b.remaining > 0 && !b.is_over_limit && b.debt == 0 {
                 continue;
             }
             let Some(before) = self.state.budget(&b.key()).cloned() else {
                 continue;
             };
             let source = RUNTIME_SOURCE;
-            if before.remaining > 0 && b.remaining == 0 {
+            // Reaching zero, or passing it into debt under an overdraft policy.
+            if before.remaining > 0 && b.remaining <= 0 {
                 let used = b.spent.saturating_add(b.reserved);
                 let utilization = if b.allocated > 0 {
                     used as f64 / b.allocated as f64
@@ -230,7 +233,7 @@ impl Tx<'_> {
                 };
                 let data = serde_json::json!({
                     "scope": &*b.scope, "unit": b.unit.as_str(), "threshold": 1.0,
-                    "utilization": utilization, "allocated": b.allocated, "remaining": 0,
+                    "utilization": utilization, "allocated": b.allocated, "remaining": b.remaining,
                     "spent": b.spent, "reserved": b.reserved, "direction": "rising",
                 });
                 self.runtime_event(actor, EventType::BudgetExhausted, b, data, source);

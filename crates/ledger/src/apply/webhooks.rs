@@ -725,7 +725,9 @@ impl Tx<'_> {
     ) {
         let new_status = (event_type != EventType::WebhookDeleted).then_some(w.status);
         let data = lifecycle_data(before.map(|b| b.status), new_status, w, changed_fields);
-        let actor = self.event_actor(actor, !w.is_system());
+        // The admin plane's webhook operations are the operator's own (not dual-auth), as
+        // their audit entries say; the tenant plane's emit no lifecycle events.
+        let actor = self.event_actor(actor, false);
         self.emit(NewEvent {
             event_type,
             tenant_id: w.tenant_id.clone(),

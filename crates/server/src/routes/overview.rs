@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use ledger::GetOverview;
-use protocol::overview::OverviewResponse;
+use ledger::{EventFilter, EventQuery, EventSort, EventType, GetOverview, Window, OVERVIEW_ROWS};
+use protocol::overview::{OverviewResponse, RecentEvents, EVENT_WINDOW_SECONDS};
 use protocol::Plane;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -22,7 +22,7 @@ pub fn routes() -> OpenApiRouter<Arc<App>> {
 #[utoipa::path(
     get, path = "/v1/admin/overview", tag = "Dashboard", operation_id = "getAdminOverview",
     summary = "Counts and top offenders for the operator's dashboard",
-    description = "Kept as tenants and budgets change, so it costs the same at any size.",
+    description = "Tenant and budget figures are kept as they change, so they cost the same at any size; the event figures are counted on the time index of the last hour's events.",
     responses(
         (status = 200, description = "The overview", body = OverviewResponse),
         Errors<()>,
@@ -32,5 +32,34 @@ pub fn routes() -> OpenApiRouter<Arc<App>> {
 pub async fn overview(State(app): State<Arc<App>>, Headers(headers): Headers) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let (overview, _) = app.run(GetOverview { actor }, Plane::Admin).await?;
-    Ok(json(StatusCode::OK, &OverviewResponse::from(overview)))
+    let since = overview.as_of_ms - EVENT_WINDOW_SECONDS as i64 * 1000;
+    let recent = app
+        .store_history(move |history| {
+            let latest = |event_type| {
+                let query = EventQuery {
+                    filter: EventFilter {
+                        event_type: Some(event_type),
+                        from_ms: Some(since),
+                        ..EventFilter::default()
+                    },
+                    sort: EventSort::Timestamp,
+                    window: Window {
+                        descending: true,
+                        after: None,
+                        limit: OVERVIEW_ROWS,
+                    },
+                };
+                history.event_page(&query).map(|page| page.events)
+            };
+            Ok(RecentEvents {
+                by_category: history.event_counts(since)?,
+                denials: latest(EventType::ReservationDenied)?,
+                expiries: latest(EventType::ReservationExpired)?,
+            })
+        })
+        .await?;
+    Ok(json(
+        StatusCode::OK,
+        &OverviewResponse::new(overview, recent),
+    ))
 }

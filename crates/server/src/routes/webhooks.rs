@@ -495,6 +495,9 @@ pub async fn replay_events(
         permission: Permission::WebhooksWrite,
     };
     let (w, _) = app.run(get, Plane::Admin).await?;
+    // Filed under the subscription's tenant, as its other writes are.
+    let tenant = (!w.is_system()).then(|| w.tenant_id.clone());
+    crate::audit::annotate(serde_json::Map::new(), tenant);
     if !app.webhooks().start_replay(&subscription_id) {
         return Err(ApiError::new(
             409,

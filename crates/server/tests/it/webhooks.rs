@@ -769,6 +769,19 @@ async fn failed_deliveries_retry_then_disable(engine: Engine) {
         watched_types,
         ["system.webhook_delivery_failed", "webhook.disabled"]
     );
+    // The overview counts it, and lists it among the failing.
+    let overview = s.get("/v1/admin/overview", As::Admin).await;
+    let overview = overview.expect(200, None).clone();
+    assert_eq!(overview["webhook_counts"]["disabled"], 1);
+    assert_eq!(overview["webhook_counts"]["with_failures"], 1);
+    assert_eq!(
+        overview["failing_webhooks"][0]["subscription_id"],
+        id.as_str()
+    );
+    assert_eq!(
+        overview["event_counts"]["by_category"]["webhook"], 3,
+        "created twice, disabled once: {overview}"
+    );
     // Disabled, it receives nothing more; re-enabled, its count starts again.
     s.budget("tenant:acme/workspace:w", USD, 1, json!({})).await;
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -184,6 +184,18 @@ pub fn event(reader: &Connection, event_id: &str) -> rusqlite::Result<Option<Eve
         .optional()
 }
 
+/// Events since `since_ms` by category (a range of the time index).
+pub fn counts_since(reader: &Connection, since_ms: i64) -> rusqlite::Result<Vec<(String, u64)>> {
+    let mut statement = reader.prepare_cached(
+        "SELECT category, count(*) FROM events INDEXED BY events_ts WHERE ts >= ?1 \
+         GROUP BY category",
+    )?;
+    let rows = statement.query_map([since_ms], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+    })?;
+    rows.collect()
+}
+
 fn column(sort: EventSort) -> &'static str {
     match sort {
         EventSort::Timestamp => "number",

@@ -124,6 +124,9 @@ pub trait History: Send + Sync + 'static {
     /// One event by id.
     fn event(&self, event_id: &str) -> io::Result<Option<Event>>;
 
+    /// Events since `since_ms`, by category name.
+    fn event_counts(&self, since_ms: Millis) -> io::Result<Vec<(String, u64)>>;
+
     /// One page of a subscription's deliveries.
     fn delivery_page(&self, query: &DeliveryQuery) -> io::Result<DeliveryPage>;
 

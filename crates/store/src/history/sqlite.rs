@@ -293,6 +293,10 @@ impl History for SqliteHistory {
         events_sql::event(&lock(&self.reader), event_id).map_err(sql_error)
     }
 
+    fn event_counts(&self, since_ms: ledger::Millis) -> io::Result<Vec<(String, u64)>> {
+        events_sql::counts_since(&lock(&self.reader), since_ms).map_err(sql_error)
+    }
+
     fn delivery_page(&self, query: &DeliveryQuery) -> io::Result<DeliveryPage> {
         events_sql::delivery_page(&lock(&self.reader), query).map_err(sql_error)
     }
