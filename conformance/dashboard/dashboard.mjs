@@ -452,6 +452,33 @@ function listed(path, params = {}) {
   });
 }
 
+/**
+ * Tracks the page's requests to `path` from now on: `idle()` waits until one was sent and every
+ * one sent has been answered; `stop()` ends the tracking.
+ */
+function inFlight(path) {
+  const pending = new Set();
+  let seen = 0;
+  const sent = (request) => {
+    if (new URL(request.url()).pathname !== path) return;
+    pending.add(request);
+    seen += 1;
+  };
+  const done = (request) => pending.delete(request);
+  page.on('request', sent);
+  page.on('requestfinished', done);
+  page.on('requestfailed', done);
+  return {
+    idle: () => eventually(`the page's requests to ${path} are answered`,
+      async () => seen > 0 && pending.size === 0),
+    stop: () => {
+      page.off('request', sent);
+      page.off('requestfinished', done);
+      page.off('requestfailed', done);
+    },
+  };
+}
+
 /** The next answer to a POST of `path`, with the JSON body the page sent. */
 async function posted(path, act) {
   const answer = page.waitForResponse((response) =>
@@ -1562,12 +1589,23 @@ async function serverReservations(params) {
 
 async function reservationsPage({ reservations: r }) {
   await step('reservations: the seeded ACTIVE reservations are listed', async () => {
-    // Set up before the page opens: it lists the first ACTIVE tenant's on its own, which may
-    // be acme's already.
-    const answered = listed('/v1/reservations', { tenant: 'acme', status: 'ACTIVE' });
-    await navigate('Reservations', 'Reservations');
-    await page.locator('#res-tenant').selectOption('acme');
-    await answered;
+    // The page lists the first ACTIVE tenant's on its own, which may be acme's already. Those
+    // answers must land before acme is picked: the page lets a late answer for the previous
+    // tenant replace the rows of the one picked since.
+    const requests = inFlight('/v1/reservations');
+    try {
+      await navigate('Reservations', 'Reservations');
+      await requests.idle();
+    } finally {
+      requests.stop();
+    }
+    await frames();
+    const tenant = page.locator('#res-tenant');
+    if ((await tenant.inputValue()) !== 'acme') {
+      const answered = listed('/v1/reservations', { tenant: 'acme', status: 'ACTIVE' });
+      await tenant.selectOption('acme');
+      await answered;
+    }
     await until('acme\'s ACTIVE reservations', async () => sorted(await reservationRows()),
       sorted([r.small, r.large]));
     same('the server\'s', sorted(await serverReservations({ status: 'ACTIVE' })),
