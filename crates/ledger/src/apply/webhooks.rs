@@ -138,6 +138,9 @@ pub struct SetWebhookSecurity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueDeliveries {
     pub limit: usize,
+    /// Subscriptions whose deliveries are being sent: theirs are passed over, so one
+    /// subscription's backlog never hides the others'.
+    pub skip: Vec<String>,
 }
 
 pub type DueDelivery = (Arc<Delivery>, Arc<WebhookSubscription>);
@@ -501,6 +504,9 @@ impl Tx<'_> {
             let Some(d) = webhooks.due.get(id) else {
                 continue;
             };
+            if op.skip.contains(&d.subscription_id) {
+                continue;
+            }
             match webhooks.subscriptions.get(&d.subscription_id) {
                 Some(w) if w.status == WebhookStatus::Active => due.push((d.clone(), w.clone())),
                 _ => {

@@ -4,7 +4,8 @@
 //! only stage deliveries, in the journal record of the change that caused them.
 //!
 //! Deliveries to one subscription are sent one after another, in the order they were
-//! queued (the spec's "ordered within a tenant for first attempts"); different
+//! queued (the spec's "ordered within a tenant for first attempts"): a subscription has at
+//! most one lane at a time, and its later deliveries wait for the lane to end. Different
 //! subscriptions are served concurrently, so a slow or hanging receiver holds up only its
 //! own deliveries, for at most the request timeout each.
 
@@ -19,7 +20,7 @@ use ledger::{
 };
 use protocol::webhook::EventResponse;
 use store::{Engine, Load, Store};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::{Outbound, Webhooks, REQUEST_TIMEOUT};
@@ -59,9 +60,10 @@ pub fn spawn_dispatcher(
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
         let lanes = Arc::new(Semaphore::new(CONCURRENT_SUBSCRIPTIONS));
-        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let lane_ended = Arc::new(Notify::new());
         loop {
-            let found = match next_batch(&store, &webhooks, &in_flight).await {
+            let found = match next_batch(&store, &webhooks, &busy).await {
                 Ok(batch) => batch,
                 Err(why) => {
                     tracing::warn!(%why, "webhook dispatch could not read its work");
@@ -74,10 +76,15 @@ pub fn spawn_dispatcher(
                     return;
                 };
                 let (store, webhooks) = (store.clone(), webhooks.clone());
-                let (counters, in_flight) = (counters.clone(), in_flight.clone());
+                let (counters, busy, ended) = (counters.clone(), busy.clone(), lane_ended.clone());
                 tokio::spawn(async move {
-                    serve_lane(&store, &webhooks, &counters, lane, &in_flight).await;
+                    let subscription = lane[0].subscription.subscription_id.clone();
+                    serve_lane(&store, &webhooks, &counters, lane).await;
+                    busy.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&subscription);
                     drop(permit);
+                    ended.notify_one();
                 });
             }
             if full {
@@ -86,6 +93,8 @@ pub fn spawn_dispatcher(
             }
             tokio::select! {
                 _ = tokio::time::sleep(IDLE_POLL) => {}
+                // A lane's subscription may have more waiting.
+                _ = lane_ended.notified() => {}
                 _ = stopped.changed() => return,
             }
         }
@@ -100,13 +109,13 @@ struct Job {
     event: Option<Event>,
 }
 
-/// The due deliveries not already in flight, with their events (read from the history
-/// store in one go), marked in flight. Refreshes the security configuration the outbound
-/// client enforces.
+/// The due deliveries of subscriptions without a lane, with their events (read from the
+/// history store in one go); their subscriptions are marked busy. Refreshes the security
+/// configuration the outbound client enforces.
 async fn next_batch(
     store: &Engine,
     webhooks: &Webhooks,
-    in_flight: &Mutex<HashSet<String>>,
+    busy: &Mutex<HashSet<String>>,
 ) -> Result<Vec<Job>, String> {
     let config = store
         .execute(
@@ -120,16 +129,26 @@ async fn next_batch(
         .result
         .map_err(|e| e.to_string())?;
     webhooks.enforce(config);
+    let skip: Vec<String> = busy
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .cloned()
+        .collect();
     let due: Vec<DueDelivery> = store
-        .execute(DueDeliveries { limit: BATCH }, Load::Busy)
+        .execute(DueDeliveries { limit: BATCH, skip }, Load::Busy)
         .await
         .map_err(|e| e.to_string())?
         .result
         .map_err(|e| e.to_string())?;
+    let mut claimed: HashSet<String> = HashSet::new();
     let due: Vec<DueDelivery> = {
-        let mut flying = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut busy = busy.lock().unwrap_or_else(|e| e.into_inner());
         due.into_iter()
-            .filter(|(d, _)| flying.insert(d.delivery_id.clone()))
+            .filter(|(_, w)| {
+                let id = &w.subscription_id;
+                claimed.contains(id) || (busy.insert(id.clone()) && claimed.insert(id.clone()))
+            })
             .collect()
     };
     if due.is_empty() {
@@ -147,9 +166,9 @@ async fn next_batch(
         Ok(events) => events,
         Err(e) => {
             // Nothing was sent: let them be taken again on the next look.
-            let mut flying = in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            for (d, _) in &due {
-                flying.remove(&d.delivery_id);
+            let mut busy = busy.lock().unwrap_or_else(|e| e.into_inner());
+            for id in &claimed {
+                busy.remove(id);
             }
             return Err(e.to_string());
         }
@@ -192,7 +211,6 @@ async fn serve_lane(
     webhooks: &Webhooks,
     counters: &DispatchCounters,
     lane: Vec<Job>,
-    in_flight: &Mutex<HashSet<String>>,
 ) {
     let mut records = Vec::with_capacity(lane.len());
     for job in lane {
@@ -223,10 +241,6 @@ async fn serve_lane(
             }
             Err(e) => tracing::warn!(delivery = %id, error = %e, "delivery attempt not recorded"),
         }
-        in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
     }
 }
 
