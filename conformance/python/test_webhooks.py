@@ -13,6 +13,7 @@ import json
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -39,6 +40,7 @@ DATA_SCHEMA = {
     "budget.frozen": "EventDataBudgetLifecycle",
     "budget.unfrozen": "EventDataBudgetLifecycle",
     "budget.exhausted": "EventDataBudgetThreshold",
+    "budget.threshold_crossed": "EventDataBudgetThreshold",
     "budget.over_limit_entered": "EventDataBudgetOverLimit",
     "budget.over_limit_exited": "EventDataBudgetOverLimit",
     "budget.debt_incurred": "EventDataBudgetDebtIncurred",
@@ -50,6 +52,7 @@ DATA_SCHEMA = {
     "api_key.revoked": "EventDataApiKey",
     "api_key.permissions_changed": "EventDataApiKey",
     "api_key.auth_failed": "EventDataApiKey",
+    "api_key.expired": "EventDataApiKey",
     "api_key.revoked_via_tenant_cascade": "EventDataTenantCascade",
     "policy.created": "EventDataPolicy",
     "policy.updated": "EventDataPolicy",
@@ -172,7 +175,7 @@ def test_every_governance_and_runtime_event_matches_its_payload_schema(server: S
                      "budget.funded", "budget.debited", "budget.reset", "budget.updated", "budget.frozen",
                      "budget.unfrozen", "reservation.denied", "reservation.commit_overage",
                      "budget.debt_incurred", "budget.debt_repaid", "budget.reset_spent", "policy.created",
-                     "api_key.revoked"):
+                     "api_key.revoked", "budget.threshold_crossed"):
         assert expected in types, f"{expected} not emitted: {types}"
     assert_payloads(events)
     assert_payloads(events_of(server, event_type="api_key.auth_failed"))
@@ -182,6 +185,26 @@ def test_every_governance_and_runtime_event_matches_its_payload_schema(server: S
     assert {e["event_type"] for e in closing} >= {"tenant.closed", "budget.closed_via_tenant_cascade"}
     assert len({e["correlation_id"] for e in closing}) == 1
     assert_payloads(closing)
+
+
+def test_an_expired_key_is_announced_by_the_sweep(server: Server) -> None:
+    admin = server.admin
+    tenant = new_id("exp")
+    ok(admin.post("/v1/admin/tenants", json={"tenant_id": tenant, "name": tenant}), 201)
+    soon = datetime.now(timezone.utc) + timedelta(seconds=1)
+    key = ok(admin.post("/v1/admin/api-keys", json={"tenant_id": tenant, "name": "brief",
+             "expires_at": soon.isoformat().replace("+00:00", "Z")}), 201)
+    deadline = time.monotonic() + 15
+    expired: list[dict[str, Any]] = []
+    while not expired and time.monotonic() < deadline:
+        time.sleep(0.2)
+        expired = events_of(server, tenant_id=tenant, event_type="api_key.expired")
+    assert len(expired) == 1, expired
+    assert expired[0]["data"]["key_id"] == key["key_id"]
+    assert expired[0]["actor"]["type"] == "system"
+    assert_payloads(expired)
+    keys = ok(admin.get("/v1/admin/api-keys", params={"tenant_id": tenant}))["keys"]
+    assert [k["status"] for k in keys if k["key_id"] == key["key_id"]] == ["EXPIRED"]
 
 
 def test_deliveries_are_signed_and_listed(server: Server, receiver: Receiver) -> None:

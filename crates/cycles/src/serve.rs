@@ -42,7 +42,8 @@ pub struct ServeArgs {
     /// When a write is acknowledged.
     #[arg(long, env = "CYCLES_DURABILITY", value_enum, default_value = "strict")]
     durability: DurabilityArg,
-    /// How often lapsed reservations are expired and old records evicted, in milliseconds.
+    /// How often lapsed reservations and keys are expired and old records evicted, in
+    /// milliseconds.
     #[arg(long, env = "CYCLES_SWEEP_INTERVAL_MS", default_value_t = 1_000)]
     sweep_interval_ms: u64,
     /// Journal size (MiB) after which a snapshot is written and older journal dropped (the

@@ -174,6 +174,18 @@ pub struct Event {
 }
 
 impl Event {
+    /// The level a `budget.threshold_crossed` event was fired at (its payload's
+    /// `threshold`); `None` for any other event.
+    pub fn threshold_level(&self) -> Option<crate::webhook::Level> {
+        if self.event_type != EventType::BudgetThresholdCrossed {
+            return None;
+        }
+        let data: serde_json::Value = serde_json::from_str(&self.data).ok()?;
+        data.get("threshold")?
+            .as_f64()
+            .map(crate::webhook::level_of)
+    }
+
     /// The event id of number `n`.
     pub fn id_of(n: u64) -> String {
         format!("evt_{n:016x}")

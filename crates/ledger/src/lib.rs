@@ -58,8 +58,9 @@ pub use state::{
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
 pub use time::{format_rfc3339, parse_rfc3339};
 pub use webhook::{
-    scope_filter_matches, Delivery, DeliveryPage, DeliveryQuery, DeliveryStatus, RetryPolicy,
-    WebhookSecurity, WebhookStatus, WebhookSubscription, DEFAULT_DISABLE_AFTER_FAILURES,
+    level_of, scope_filter_matches, Delivery, DeliveryPage, DeliveryQuery, DeliveryStatus, Level,
+    RetryPolicy, WebhookSecurity, WebhookStatus, WebhookSubscription,
+    DEFAULT_DISABLE_AFTER_FAILURES, DEFAULT_UTILIZATION_LEVELS, MAX_DELIVERY_AGE_MS,
 };
 
 /// Milliseconds since the Unix epoch, as given by the engine's clock.

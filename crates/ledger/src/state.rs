@@ -1,7 +1,7 @@
 //! The state and the only code that changes it: [`State::apply_effect`].
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use imbl::{HashMap as ImHashMap, OrdMap};
@@ -13,8 +13,9 @@ use crate::intern::{share_loaded, Placement, Recent};
 use crate::inventory::Inventory;
 use crate::listing::ListIndex;
 use crate::{
-    Action, ApiKey, AuditEntry, Budget, BudgetKey, Delivery, Event, IdemKey, IdemRecord, Millis,
-    Policy, Reservation, ReservationStatus, Tenant, WebhookSecurity, WebhookSubscription,
+    Action, ApiKey, ApiKeyStatus, AuditEntry, Budget, BudgetKey, Delivery, Event, EventType,
+    IdemKey, IdemRecord, Level, Millis, Policy, Reservation, ReservationStatus, Tenant,
+    WebhookSecurity, WebhookSubscription, DEFAULT_UTILIZATION_LEVELS,
 };
 
 /// How long a settled or expired reservation stays readable (and its commit/release
@@ -94,6 +95,8 @@ pub struct State {
     pub(crate) idempotency: IdemTable,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
     pub(crate) expiry_index: BTreeSet<(Millis, Arc<str>)>,
+    /// Keys stored as ACTIVE, by expiry, for the sweep that marks them EXPIRED.
+    pub(crate) key_expiry_index: BTreeSet<(Millis, String)>,
     /// Per-tenant listing orders.
     pub(crate) list_index: HashMap<String, ListIndex>,
     /// Terminal reservations and idempotency records by eviction time.
@@ -121,6 +124,39 @@ pub(crate) struct WebhookState {
     pub(crate) due_index: BTreeSet<(Millis, String)>,
     pub(crate) last_event: u64,
     pub(crate) last_delivery: u64,
+    /// How many subscriptions watch each utilization level beyond the defaults (see
+    /// [`WebhookState::watched_levels`]).
+    pub(crate) custom_levels: BTreeMap<Level, usize>,
+}
+
+impl WebhookState {
+    /// The utilization levels a budget's crossing is an event at: the defaults, and every
+    /// level a subscription to `budget.threshold_crossed` names.
+    pub(crate) fn watched_levels(&self) -> impl Iterator<Item = Level> + '_ {
+        DEFAULT_UTILIZATION_LEVELS
+            .into_iter()
+            .chain(self.custom_levels.keys().copied())
+    }
+
+    /// Counts (`by` = 1) or uncounts (`by` = −1) the custom levels `w` watches.
+    fn count_levels(&mut self, w: &WebhookSubscription, by: isize) {
+        let crossing = EventType::BudgetThresholdCrossed;
+        let watches =
+            w.event_types.contains(&crossing) || w.event_categories.contains(&crossing.category());
+        if !watches || w.thresholds.is_none() {
+            return;
+        }
+        for level in w.utilization_levels() {
+            if DEFAULT_UTILIZATION_LEVELS.contains(&level) {
+                continue;
+            }
+            let count = self.custom_levels.entry(level).or_default();
+            *count = count.saturating_add_signed(by);
+            if *count == 0 {
+                self.custom_levels.remove(&level);
+            }
+        }
+    }
 }
 
 /// The persistent part of the state, as written to a snapshot. Indexes are rebuilt on load.
@@ -335,7 +371,14 @@ impl State {
             }
             Effect::PutApiKey(k) => {
                 self.key_by_digest.insert(k.digest, k.key_id.clone());
-                self.api_keys.insert(k.key_id.clone(), k.clone());
+                if let Some(old) = self.api_keys.insert(k.key_id.clone(), k.clone()) {
+                    self.key_expiry_index
+                        .remove(&(old.expires_at_ms, old.key_id));
+                }
+                if k.status == ApiKeyStatus::Active {
+                    self.key_expiry_index
+                        .insert((k.expires_at_ms, k.key_id.clone()));
+                }
             }
             Effect::PutBudget(b) => {
                 let old = self.budgets.insert(b.key(), b.clone());
@@ -382,12 +425,18 @@ impl State {
                     .entry(w.tenant_id.clone())
                     .or_default()
                     .insert(w.subscription_id.clone());
-                self.webhooks
+                let old = self
+                    .webhooks
                     .subscriptions
                     .insert(w.subscription_id.clone(), w.clone());
+                if let Some(old) = old {
+                    self.webhooks.count_levels(&old, -1);
+                }
+                self.webhooks.count_levels(w, 1);
             }
             Effect::RemoveWebhook(id) => {
                 if let Some(old) = self.webhooks.subscriptions.remove(id) {
+                    self.webhooks.count_levels(&old, -1);
                     if let Some(ids) = self.webhooks.by_owner.get_mut(&old.tenant_id) {
                         ids.remove(id);
                         if ids.is_empty() {
@@ -634,6 +683,8 @@ impl State {
         let rebuilt = State::from_snapshot(self.to_snapshot());
         if rebuilt.list_index != self.list_index
             || rebuilt.expiry_index != self.expiry_index
+            || rebuilt.key_expiry_index != self.key_expiry_index
+            || rebuilt.webhooks.custom_levels != self.webhooks.custom_levels
             || rebuilt.retention_by_name() != self.retention_by_name()
             || rebuilt.inventory != self.inventory
         {

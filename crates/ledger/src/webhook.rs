@@ -57,6 +57,10 @@ impl RetryPolicy {
 
 pub const DEFAULT_DISABLE_AFTER_FAILURES: u32 = 10;
 
+/// How old a delivery may grow (from its creation, across retries and downtime) before it
+/// is failed instead of attempted: 24 hours, as the reference.
+pub const MAX_DELIVERY_AGE_MS: Millis = 24 * 3_600_000;
+
 /// A webhook subscription. Its signing secret and custom header values are stored sealed
 /// (encrypted by the server before they reach the ledger), so neither the journal nor a
 /// snapshot holds them in the clear.
@@ -71,7 +75,8 @@ pub struct WebhookSubscription {
     pub event_types: Vec<EventType>,
     pub event_categories: Vec<EventCategory>,
     pub scope_filter: Option<String>,
-    /// `WebhookThresholdConfig`, as JSON text (kept and shown; see ARCHITECTURE).
+    /// `WebhookThresholdConfig`, as JSON text, as given (validated by the protocol layer).
+    /// Its `budget_utilization` levels are read by [`WebhookSubscription::utilization_levels`].
     pub thresholds: Option<String>,
     pub sealed_secret: String,
     /// Custom headers, values sealed.
@@ -111,6 +116,55 @@ impl WebhookSubscription {
 /// The reference's scope-filter rule: none matches everything (even events without a
 /// scope); `*` any scoped event; a trailing `*` a prefix with something after it; anything
 /// else exactly. A filter never matches an event without a scope.
+/// Utilization levels in millionths (800 000 is 80 %): integers, so that a crossing is
+/// decided exactly and a level read back from an event's payload compares equal.
+pub type Level = u32;
+
+/// The levels `budget.threshold_crossed` fires at for a subscription that names none
+/// (`WebhookThresholdConfig.budget_utilization`'s default: 0.80, 0.95, 1.0). The server
+/// always watches these, so the event log has them whatever is subscribed.
+pub const DEFAULT_UTILIZATION_LEVELS: [Level; 3] = [800_000, 950_000, 1_000_000];
+
+/// A utilization ratio as a [`Level`] (rounded to the nearest millionth).
+pub fn level_of(ratio: f64) -> Level {
+    (ratio.clamp(0.0, 1.0) * 1e6).round() as Level
+}
+
+impl WebhookSubscription {
+    /// The levels this subscription's `budget.threshold_crossed` events are at: those its
+    /// `thresholds.budget_utilization` lists, or [`DEFAULT_UTILIZATION_LEVELS`].
+    pub fn utilization_levels(&self) -> Vec<Level> {
+        let listed = self
+            .thresholds
+            .as_deref()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            .and_then(|t| {
+                t.get("budget_utilization")?.as_array().map(|levels| {
+                    levels
+                        .iter()
+                        .filter_map(serde_json::Value::as_f64)
+                        .map(level_of)
+                        .collect::<Vec<_>>()
+                })
+            });
+        let mut levels = listed.unwrap_or_else(|| DEFAULT_UTILIZATION_LEVELS.to_vec());
+        levels.sort_unstable();
+        levels.dedup();
+        levels
+    }
+
+    /// True when `event` is for this subscription: its type or category is selected, its
+    /// scope passes the filter, and a threshold crossing is at one of the subscription's
+    /// own levels.
+    pub fn wants_event(&self, event: &crate::Event) -> bool {
+        self.wants(event.event_type, event.scope.as_deref())
+            && (event.event_type != EventType::BudgetThresholdCrossed
+                || event
+                    .threshold_level()
+                    .is_some_and(|level| self.utilization_levels().contains(&level)))
+    }
+}
+
 pub fn scope_filter_matches(filter: Option<&str>, scope: Option<&str>) -> bool {
     let Some(filter) = filter.filter(|f| !f.trim().is_empty()) else {
         return true;

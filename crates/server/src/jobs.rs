@@ -61,14 +61,18 @@ pub fn spawn_sweeper(
                     .execute(Maintain { limit: SWEEP_BATCH }, Load::Busy)
                     .await;
                 match reply.map(|r| r.result) {
-                    Ok(Ok(Maintained { expired, evicted })) => {
+                    Ok(Ok(Maintained {
+                        expired,
+                        keys_expired,
+                        evicted,
+                    })) => {
                         counters
                             .expired
                             .fetch_add(expired as u64, Ordering::Relaxed);
                         counters
                             .evicted
                             .fetch_add(evicted as u64, Ordering::Relaxed);
-                        if expired < SWEEP_BATCH && evicted < SWEEP_BATCH {
+                        if expired.max(keys_expired).max(evicted) < SWEEP_BATCH {
                             break;
                         }
                     }

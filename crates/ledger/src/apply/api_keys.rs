@@ -5,7 +5,7 @@ use crate::{
     TenantStatus, SYSTEM_TENANT,
 };
 
-use super::emit::{upper, NewEvent, ADMIN_SOURCE};
+use super::emit::{upper, NewEvent, ADMIN_SOURCE, SWEEP_SOURCE};
 
 use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
 use super::{operation, Actor, Tx, DAY_MS};
@@ -178,12 +178,26 @@ impl Tx<'_> {
         Ok(key)
     }
 
-    /// Stages one `api_key.*` event of `key` (`EventDataApiKey`).
+    /// Stages one `api_key.*` event of `key` caused by an admin operation.
     fn key_event(
         &mut self,
         actor: &Actor,
         event_type: EventType,
         before: Option<&ApiKey>,
+        key: &ApiKey,
+    ) {
+        let previous = before.map(|b| b.effective_status(self.now));
+        let actor = self.event_actor(actor, false);
+        self.emit_key_event(actor, ADMIN_SOURCE, event_type, previous, key);
+    }
+
+    /// Stages one `api_key.*` event of `key` (`EventDataApiKey`).
+    fn emit_key_event(
+        &mut self,
+        actor: crate::EventActor,
+        source: &'static str,
+        event_type: EventType,
+        previous: Option<ApiKeyStatus>,
         key: &ApiKey,
     ) {
         let mut data = serde_json::json!({
@@ -192,19 +206,52 @@ impl Tx<'_> {
             "new_status": upper(key.effective_status(self.now)),
             "permissions": key.permissions.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
         });
-        if let Some(before) = before {
-            data["previous_status"] = upper(before.effective_status(self.now)).into();
+        if let Some(previous) = previous {
+            data["previous_status"] = upper(previous).into();
         }
-        let actor = self.event_actor(actor, false);
         self.emit(NewEvent {
             event_type,
             tenant_id: key.tenant_id.to_string(),
             scope: None,
             actor,
-            source: ADMIN_SOURCE,
+            source,
             data,
             correlation_id: None,
         });
+    }
+
+    /// Marks up to `limit` ACTIVE keys past their expiry EXPIRED, each with an
+    /// `api_key.expired` event. A key already reads as EXPIRED from its expiry on (see
+    /// [`ApiKey::effective_status`]); this makes the change a stored one, so it is seen
+    /// once, as an event, when it happens.
+    pub(crate) fn expire_keys(&mut self, limit: usize) -> usize {
+        let (state, now) = (self.state, self.now);
+        let due = state
+            .key_expiry_index
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(limit);
+        let mut expired = 0;
+        for (_, key_id) in due {
+            let Some(key) = state.api_keys.get(key_id) else {
+                continue;
+            };
+            let key = ApiKey {
+                status: ApiKeyStatus::Expired,
+                ..key.clone()
+            };
+            self.put(Effect::PutApiKey(key.clone()));
+            let (actor, previous) = (Self::system_actor(), Some(ApiKeyStatus::Active));
+            self.emit_key_event(
+                actor,
+                SWEEP_SOURCE,
+                EventType::ApiKeyExpired,
+                previous,
+                &key,
+            );
+            expired += 1;
+        }
+        expired
     }
 
     fn revoke_api_key(&mut self, op: RevokeApiKey) -> Result<ApiKey, Rejection> {

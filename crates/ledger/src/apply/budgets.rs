@@ -12,7 +12,7 @@ use crate::{
 use super::auth::scope_filter_allows;
 use super::emit::{budget_lifecycle, upper, NewEvent, ADMIN_SOURCE};
 use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
-use super::{operation, Actor, Idempotency, Idempotent, Page, Tx, DAY_MS};
+use super::{operation, Actor, Cause, Idempotency, Idempotent, Page, Tx, DAY_MS};
 
 /// `POST /v1/admin/budgets`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,7 +244,7 @@ impl Tx<'_> {
             created_at_ms: self.now,
             updated_at_ms: self.now,
         };
-        self.put_budgets(vec![budget.clone()])?;
+        self.put_budgets(Cause::Admin(&op.actor), vec![budget.clone()])?;
         let data = budget_lifecycle(None, &budget, "CREATE", None);
         self.budget_event(&op.actor, EventType::BudgetCreated, &budget, data, None);
         Ok(budget)
@@ -422,7 +422,7 @@ impl Tx<'_> {
                 new: Balance::from(&funded),
                 timestamp_ms: tx.now,
             };
-            tx.put_budgets(vec![funded.clone()])?;
+            tx.put_budgets(Cause::Admin(&actor), vec![funded.clone()])?;
             let spent_provided = cmd.spent.is_some();
             tx.funding_events(
                 &actor,
@@ -456,7 +456,7 @@ impl Tx<'_> {
         if let Some(metadata) = patch.metadata {
             b.metadata = Some(metadata.into());
         }
-        self.put_budgets(vec![b.clone()])?;
+        self.put_budgets(Cause::Admin(&op.actor), vec![b.clone()])?;
         let data = budget_lifecycle(Some(&before), &b, "UPDATE", None);
         self.budget_event(&op.actor, EventType::BudgetUpdated, &b, data, None);
         if before.is_over_limit != b.is_over_limit {
@@ -494,7 +494,7 @@ impl Tx<'_> {
         }
         let before = b.clone();
         b.status = to;
-        self.put_budgets(vec![b.clone()])?;
+        self.put_budgets(Cause::Admin(&op.actor), vec![b.clone()])?;
         let event_type = if frozen {
             EventType::BudgetFrozen
         } else {

@@ -12,7 +12,7 @@ use crate::{
 };
 
 use super::emit::upper;
-use super::{operation, Actor, Idempotency, Idempotent, Tx};
+use super::{operation, Actor, Cause, Idempotency, Idempotent, Tx};
 
 /// Most rows one bulk action may change.
 pub const BULK_LIMIT: u64 = 500;
@@ -234,7 +234,7 @@ impl Tx<'_> {
                         return Ok(false);
                     }
                     let funded = fund(b, op.operation, op.amount, op.spent)?;
-                    tx.put_budgets(vec![funded.clone()])?;
+                    tx.put_budgets(Cause::Admin(&op.actor), vec![funded.clone()])?;
                     let correlation = format!(
                         "budget_bulk_action:{}:{}",
                         upper(op.operation).to_lowercase(),

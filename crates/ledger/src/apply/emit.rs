@@ -7,8 +7,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::{
-    ActorKind, Delivery, DeliveryStatus, Effect, Event, EventActor, EventType, WebhookStatus,
-    SYSTEM_TENANT,
+    ActorKind, Delivery, DeliveryStatus, Effect, Event, EventActor, EventType, Level,
+    WebhookStatus, SYSTEM_TENANT,
 };
 
 use super::{Actor, Tx};
@@ -23,6 +23,17 @@ pub struct NewEvent {
     pub source: &'static str,
     pub data: Value,
     pub correlation_id: Option<String>,
+}
+
+/// What moved a budget, for the events its write may fire ([`Tx::threshold_events`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cause<'a> {
+    /// A runtime request (reserve, commit, release, event) by this caller.
+    Runtime(&'a Actor),
+    /// An admin-plane operation by this caller.
+    Admin(&'a Actor),
+    /// The server on its own: the expiry of a reservation past its grace.
+    System,
 }
 
 /// Sources as the reference names them.
@@ -104,10 +115,7 @@ impl Tx<'_> {
             .filter_map(|(_, owner)| webhooks.by_owner.get(*owner))
             .flatten()
             .filter_map(|id| webhooks.subscriptions.get(id))
-            .filter(|w| {
-                w.status == WebhookStatus::Active
-                    && w.wants(event.event_type, event.scope.as_deref())
-            })
+            .filter(|w| w.status == WebhookStatus::Active && w.wants_event(event))
             .map(|w| w.subscription_id.clone())
             .collect();
         for subscription_id in wanted {
@@ -191,6 +199,17 @@ pub(crate) fn budget_lifecycle(
     data
 }
 
+/// What a budget's utilization counts as used.
+fn used(b: &crate::Budget) -> i128 {
+    i128::from(b.spent) + i128::from(b.reserved)
+}
+
+/// Whether a budget's utilization is below `level` (exactly, in integers); `None` when it
+/// has no utilization (nothing allocated).
+fn below(b: &crate::Budget, level: Level) -> Option<bool> {
+    (b.allocated > 0).then(|| used(b) * 1_000_000 < i128::from(level) * i128::from(b.allocated))
+}
+
 /// The fields that differ between two values of a record, by name.
 pub(crate) fn changed(fields: &[(&str, bool)]) -> Vec<String> {
     fields
@@ -255,6 +274,53 @@ impl Tx<'_> {
                     "overage_policy": upper(policy),
                 });
                 self.runtime_event(actor, EventType::BudgetDebtIncurred, b, data, source);
+            }
+        }
+    }
+
+    /// `budget.threshold_crossed`, once per watched utilization level that a budget write
+    /// crossed, in the direction it crossed it: rising when the utilization
+    /// ((spent + reserved) / allocated) went from below the level to at or above it,
+    /// falling the other way. A budget that stays on one side fires nothing, so an alert
+    /// fires once per crossing, not once per request above the level. The common case (the
+    /// used amount and the allocation unchanged, or no level between the two values) costs
+    /// one lookup and a few integer comparisons.
+    pub(crate) fn threshold_events(&mut self, cause: Cause<'_>, after: &[crate::Budget]) {
+        let state = self.state;
+        for b in after {
+            let Some(before) = state.budget(&b.key()) else {
+                continue;
+            };
+            if used(before) == used(b) && before.allocated == b.allocated {
+                continue;
+            }
+            for level in state.webhooks.watched_levels() {
+                let direction = match (below(before, level), below(b, level)) {
+                    (Some(true), Some(false)) => "rising",
+                    (Some(false), Some(true)) => "falling",
+                    _ => continue,
+                };
+                let data = serde_json::json!({
+                    "scope": &*b.scope, "unit": b.unit.as_str(),
+                    "threshold": f64::from(level) / 1e6,
+                    "utilization": used(b) as f64 / b.allocated as f64,
+                    "allocated": b.allocated, "remaining": b.remaining,
+                    "spent": b.spent, "reserved": b.reserved, "direction": direction,
+                });
+                let (actor, source) = match cause {
+                    Cause::Runtime(actor) => (self.event_actor(actor, true), RUNTIME_SOURCE),
+                    Cause::Admin(actor) => (self.event_actor(actor, true), ADMIN_SOURCE),
+                    Cause::System => (Self::system_actor(), SWEEP_SOURCE),
+                };
+                self.emit(NewEvent {
+                    event_type: EventType::BudgetThresholdCrossed,
+                    tenant_id: b.tenant_id.to_string(),
+                    scope: Some(b.scope.to_string()),
+                    actor,
+                    source,
+                    data,
+                    correlation_id: None,
+                });
             }
         }
     }

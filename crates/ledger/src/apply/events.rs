@@ -6,7 +6,7 @@ use crate::{
 };
 
 use super::admission::Blocked;
-use super::{operation, Actor, Idempotency, Idempotent, Tx, DAY_MS};
+use super::{operation, Actor, Cause, Idempotency, Idempotent, Tx, DAY_MS};
 
 /// How long a direct event's idempotency record lives.
 const EVENT_IDEMPOTENCY_MS: i64 = 7 * DAY_MS;
@@ -65,7 +65,7 @@ impl Tx<'_> {
                 balances: charge.budgets.iter().map(Balance::from).collect(),
             };
             tx.balance_events(&cmd.actor, &charge.budgets, Some((None, policy)));
-            tx.put_budgets(charge.budgets)?;
+            tx.put_budgets(Cause::Runtime(&cmd.actor), charge.budgets)?;
             Ok((result, EVENT_IDEMPOTENCY_MS))
         })
     }

@@ -11,7 +11,7 @@ use crate::{
 };
 
 use super::emit::{upper, NewEvent, RUNTIME_SOURCE, SWEEP_SOURCE};
-use super::{operation, Actor, Idempotency, Idempotent, Tx, DAY_MS};
+use super::{operation, Actor, Cause, Idempotency, Idempotent, Tx, DAY_MS};
 
 /// `POST /v1/reservations/{id}/commit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,23 +115,30 @@ impl Tx<'_> {
 
     /// Gives a reservation's hold back to every budget it was taken from; returns the new
     /// balances.
-    fn return_hold(&mut self, r: &Reservation) -> Result<Vec<Balance>, Rejection> {
+    fn return_hold(
+        &mut self,
+        cause: Cause<'_>,
+        r: &Reservation,
+    ) -> Result<Vec<Balance>, Rejection> {
         let mut budgets = self.held_budgets(r)?;
         for b in &mut budgets {
             b.unhold(r.estimate)?;
         }
         let balances = budgets.iter().map(Balance::from).collect();
-        self.put_budgets(budgets)?;
+        self.put_budgets(cause, budgets)?;
         Ok(balances)
     }
 
-    /// Expires an ACTIVE reservation: its hold returns to every budget it was taken from.
+    /// Expires an ACTIVE reservation found past its grace by a request (the sweep had not
+    /// reached it yet): its hold returns to every budget it was taken from, and it is a
+    /// `reservation.expired` as if the sweep had found it.
     fn expire(&mut self, r: &Reservation) -> Result<(), Rejection> {
-        self.return_hold(r)?;
+        self.return_hold(Cause::System, r)?;
         self.put(Effect::ExpireReservation {
             reservation_id: r.reservation_id.clone(),
             at_ms: self.now,
         });
+        self.expired_event(r);
         Ok(())
     }
 
@@ -194,7 +201,7 @@ impl Tx<'_> {
             }
             let debt = Some((Some(&*r.reservation_id), r.overage_policy));
             tx.balance_events(&cmd.actor, &charge.budgets, debt);
-            tx.put_budgets(charge.budgets)?;
+            tx.put_budgets(Cause::Runtime(&cmd.actor), charge.budgets)?;
             let mut committed = r;
             committed.status = ReservationStatus::Committed;
             committed.charged = Some(charge.charged);
@@ -216,7 +223,7 @@ impl Tx<'_> {
             let result = ReleaseResult {
                 unit: r.unit,
                 released: r.estimate,
-                balances: tx.return_hold(&r)?,
+                balances: tx.return_hold(Cause::Runtime(&cmd.actor), &r)?,
             };
             tx.put(Effect::PutReservation(Arc::new(released(
                 r, tx.now, cmd.reason,

@@ -1,12 +1,14 @@
-//! Background maintenance: expiry of lapsed reservations and eviction past retention.
+//! Background maintenance: expiry of lapsed reservations and of keys, and eviction past
+//! retention.
 
 use crate::{state::Evictable, Effect, Rejection};
 
 use super::lifecycle::Returns;
-use super::{operation, Tx};
+use super::{operation, Cause, Tx};
 
 /// Expire up to `limit` ACTIVE reservations whose grace has passed (returning their holds)
-/// and evict up to `limit` records whose retention has passed.
+/// and up to `limit` keys past their expiry, and evict up to `limit` records whose
+/// retention has passed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Maintain {
     pub limit: usize,
@@ -16,6 +18,7 @@ pub struct Maintain {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Maintained {
     pub expired: usize,
+    pub keys_expired: usize,
     pub evicted: usize,
 }
 
@@ -24,8 +27,13 @@ operation!(Maintain => Maintained, maintain);
 impl Tx<'_> {
     fn maintain(&mut self, op: Maintain) -> Result<Maintained, Rejection> {
         let expired = self.expire_due(op.limit)?;
+        let keys_expired = self.expire_keys(op.limit);
         let evicted = self.evict_stale(op.limit);
-        Ok(Maintained { expired, evicted })
+        Ok(Maintained {
+            expired,
+            keys_expired,
+            evicted,
+        })
     }
 
     /// Expires the due reservations, staging each changed budget once (a batch of expiries
@@ -54,7 +62,7 @@ impl Tx<'_> {
                 expired += 1;
             }
         }
-        self.put_budgets(returns.into_budgets())?;
+        self.put_budgets(Cause::System, returns.into_budgets())?;
         Ok(expired)
     }
 

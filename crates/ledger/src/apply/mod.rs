@@ -39,6 +39,7 @@ pub use budgets::{
 };
 pub use bulk::{BulkBudgets, BulkTenants, BulkWebhooks, WebhookAction, BULK_LIMIT};
 pub use decide::Decide;
+pub(crate) use emit::Cause;
 pub use emit::NewEvent;
 pub use events::RecordEvent;
 pub use lifecycle::{Commit, Extend, Extended, Release};
@@ -214,11 +215,18 @@ impl Tx<'_> {
     }
 
     /// Stages budget writes after checking the ledger invariant on every one of them: either
-    /// all are written or, if any is broken, the operation is refused.
-    pub(crate) fn put_budgets(&mut self, budgets: Vec<Budget>) -> Result<(), Rejection> {
+    /// all are written or, if any is broken, the operation is refused. Every budget write
+    /// goes through here, so this is where a utilization threshold crossing is seen, whatever
+    /// `cause` moved it.
+    pub(crate) fn put_budgets(
+        &mut self,
+        cause: Cause<'_>,
+        budgets: Vec<Budget>,
+    ) -> Result<(), Rejection> {
         for b in &budgets {
             b.check_invariant()?;
         }
+        self.threshold_events(cause, &budgets);
         for mut b in budgets {
             b.updated_at_ms = self.now;
             self.put(Effect::PutBudget(Arc::new(b)));

@@ -9,7 +9,7 @@ use crate::{
 };
 
 use super::admission::{decision_with, Blocked};
-use super::{operation, Actor, Idempotency, Idempotent, Tx, DAY_MS};
+use super::{operation, Actor, Cause, Idempotency, Idempotent, Tx, DAY_MS};
 
 /// `POST /v1/reservations` (and its dry run).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,7 +207,7 @@ impl Tx<'_> {
         }
         let balances = budgets.iter().map(Balance::from).collect();
         self.balance_events(&cmd.actor, &budgets, None);
-        self.put_budgets(budgets)?;
+        self.put_budgets(Cause::Runtime(&cmd.actor), budgets)?;
         let result = ReserveResult {
             decision: decision_with(&caps),
             reservation_id: Some(reservation.reservation_id.clone()),

@@ -14,7 +14,7 @@ use crate::{
 use super::emit::{changed, upper, NewEvent, ADMIN_SOURCE};
 use super::lifecycle::{released, Returns};
 use super::sorted::{matches_search, sorted_page, text, SortedPage, Window};
-use super::{operation, Actor, Tx};
+use super::{operation, Actor, Cause, Tx};
 
 /// Why the close cascade revoked a key (`revoked_reason`, as the reference writes it).
 pub const TENANT_CLOSED_REASON: &str = "tenant_closed";
@@ -429,7 +429,7 @@ impl Tx<'_> {
                 data,
             );
         }
-        self.put_budgets(budgets)
+        self.put_budgets(Cause::Admin(actor), budgets)
     }
 
     /// Revokes every ACTIVE key of the tenant (an expired one is left as it is: it is

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::{
     Delivery, DeliveryStatus, Effect, Event, EventCategory, EventType, Millis, Permission,
     Position, Rejection, RetryPolicy, SortValue, WebhookSecurity, WebhookStatus,
-    WebhookSubscription, SYSTEM_TENANT,
+    WebhookSubscription, MAX_DELIVERY_AGE_MS, SYSTEM_TENANT,
 };
 
 use super::emit::{changed, upper, NewEvent, ADMIN_SOURCE, DISPATCH_SOURCE};
@@ -507,18 +507,29 @@ impl Tx<'_> {
             if op.skip.contains(&d.subscription_id) {
                 continue;
             }
-            match webhooks.subscriptions.get(&d.subscription_id) {
-                Some(w) if w.status == WebhookStatus::Active => due.push((d.clone(), w.clone())),
-                _ => {
-                    let ended = Delivery {
-                        status: DeliveryStatus::Failed,
-                        completed_at_ms: Some(now),
-                        error_message: Some("subscription is not ACTIVE".into()),
-                        ..(**d).clone()
-                    };
-                    self.put(Effect::PutDelivery(Arc::new(ended)));
+            let age_ms = now.saturating_sub(d.created_at_ms);
+            let failure = match webhooks.subscriptions.get(&d.subscription_id) {
+                // An alert a day late misleads more than it helps (the reference's cutoff):
+                // a delivery that could not be made within a day, across retries or while
+                // the server was down, is failed, not sent.
+                _ if age_ms > MAX_DELIVERY_AGE_MS => format!(
+                    "Delivery expired: {}h old (max {}h)",
+                    age_ms / 3_600_000,
+                    MAX_DELIVERY_AGE_MS / 3_600_000
+                ),
+                Some(w) if w.status == WebhookStatus::Active => {
+                    due.push((d.clone(), w.clone()));
+                    continue;
                 }
-            }
+                _ => "subscription is not ACTIVE".into(),
+            };
+            let ended = Delivery {
+                status: DeliveryStatus::Failed,
+                completed_at_ms: Some(now),
+                error_message: Some(failure),
+                ..(**d).clone()
+            };
+            self.put(Effect::PutDelivery(Arc::new(ended)));
         }
         Ok(due)
     }
@@ -639,9 +650,7 @@ impl Tx<'_> {
         let mut queued = 0;
         for event in &op.events {
             // The delivery-time guard: only what the subscription may receive.
-            if !w.wants(event.event_type, event.scope.as_deref())
-                || (!w.is_system() && event.tenant_id != w.tenant_id)
-            {
+            if !w.wants_event(event) || (!w.is_system() && event.tenant_id != w.tenant_id) {
                 continue;
             }
             let delivery = self.new_delivery(event, w.subscription_id.clone());

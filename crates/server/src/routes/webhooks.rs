@@ -556,7 +556,7 @@ async fn replay(
         .events
         .into_iter()
         .filter(|e| requested.is_empty() || requested.contains(&e.event_type))
-        .filter(|e| w.wants(e.event_type, e.scope.as_deref()))
+        .filter(|e| w.wants_event(e))
         .collect();
     if selected.len() > max {
         return Err(ApiError::invalid(format!(

@@ -1028,11 +1028,22 @@ async fn overview_counts_follow_every_change(engine: Engine) {
         json!({"total": 0, "active": 0, "disabled": 0, "with_failures": 0})
     );
     // The events of everything above, all within the hour (the reservation's: its commit
-    // over its estimate).
+    // over its estimate; 5 of the budget ones are utilization threshold crossings).
+    let crossings = s
+        .get(
+            "/v1/admin/events?event_type=budget.threshold_crossed",
+            As::Admin,
+        )
+        .await;
+    let crossings = crossings.expect(200, None)["events"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(crossings, 5);
     assert_eq!(
         o["event_counts"],
-        json!({"total_recent": 21,
-               "by_category": {"api_key": 3, "budget": 14, "reservation": 1, "tenant": 3}})
+        json!({"total_recent": 26,
+               "by_category": {"api_key": 3, "budget": 19, "reservation": 1, "tenant": 3}})
     );
     for list in ["failing_webhooks", "recent_denials", "recent_expiries"] {
         assert_eq!(o[list], json!([]), "{list}");

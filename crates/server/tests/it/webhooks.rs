@@ -31,6 +31,9 @@ engine_tests!(
     test_probe_reaches_the_receiver,
     bulk_actions_pause_resume_and_delete,
     a_hanging_or_redirecting_receiver_holds_up_only_itself,
+    threshold_crossings_reach_the_levels_subscribed,
+    expired_keys_are_announced_once,
+    a_delivery_a_day_late_is_failed_not_sent,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -1130,5 +1133,207 @@ async fn a_hanging_or_redirecting_receiver_holds_up_only_itself(engine: Engine) 
     .await;
     assert_eq!(d[0]["response_status"], 302);
     assert_eq!(d[0]["status"], "RETRYING");
+    s.stop().await;
+}
+
+/// The data of the `budget.threshold_crossed` requests a receiver got, as
+/// `(threshold, direction)`.
+fn crossings(got: &[(HeaderMap, Value)]) -> Vec<(f64, String)> {
+    got.iter()
+        .map(|(_, body)| body)
+        .filter(|body| body["event_type"] == "budget.threshold_crossed")
+        .map(|body| {
+            let data = &body["data"];
+            let direction = data["direction"].as_str().unwrap().to_string();
+            (data["threshold"].as_f64().unwrap(), direction)
+        })
+        .collect()
+}
+
+async fn threshold_crossings_reach_the_levels_subscribed(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    // The tenant's subscription names its own level; the system-wide one takes the
+    // defaults (0.80, 0.95, 1.0).
+    let (tenant_receiver, tenant_url) = Receiver::start().await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": tenant_url, "event_types": ["budget.threshold_crossed"],
+               "thresholds": {"budget_utilization": [0.5]}}),
+    )
+    .await;
+    let secret = created["signing_secret"].as_str().unwrap().to_string();
+    let (system_receiver, system_url) = Receiver::start().await;
+    create_webhook(
+        &s,
+        None,
+        json!({"url": system_url, "event_types": ["budget.threshold_crossed"]}),
+    )
+    .await;
+    let key = s.key("acme").await;
+    s.budget("tenant:acme", USD, 1_000, json!({})).await;
+    // 60 % held: 0.5 crossed rising.
+    let r = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            json!({"idempotency_key": "r1", "subject": {"tenant": "acme"},
+                   "action": {"kind": "llm.completion", "name": "gpt"},
+                   "estimate": {"unit": USD, "amount": 600}}),
+        )
+        .await;
+    let id = r.expect(200, None)["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Released: back under 0.5, falling.
+    s.post(
+        &format!("/v1/reservations/{id}/release"),
+        As::Key(&key),
+        json!({"idempotency_key": "rel1"}),
+    )
+    .await
+    .expect(200, None);
+    // 85 % spent at once: 0.5 and 0.8 crossed rising, in one request.
+    s.post(
+        "/v1/events",
+        As::Key(&key),
+        json!({"idempotency_key": "e1", "subject": {"tenant": "acme"},
+               "action": {"kind": "llm.completion", "name": "gpt"},
+               "actual": {"unit": USD, "amount": 850}}),
+    )
+    .await
+    .expect(201, None);
+    // A top-up brings it under 0.8 again: falling, by the admin.
+    fund(&s, "tenant:acme", 500, "f1").await;
+    let tenant_got = tenant_receiver.wait_for(3).await;
+    tenant_receiver.assert_signed(&secret);
+    assert_eq!(
+        crossings(&tenant_got),
+        [
+            (0.5, "rising".to_string()),
+            (0.5, "falling".to_string()),
+            (0.5, "rising".to_string())
+        ],
+        "the tenant's own level only, once per crossing"
+    );
+    let system_got = system_receiver.wait_for(2).await;
+    assert_eq!(
+        crossings(&system_got),
+        [(0.8, "rising".to_string()), (0.8, "falling".to_string())],
+        "the default levels only"
+    );
+    let rising = &system_got[0].1;
+    assert_eq!(rising["actor"]["type"], "api_key");
+    assert_eq!(rising["source"], "cycles-server");
+    assert_eq!(rising["scope"], "tenant:acme");
+    let data = &rising["data"];
+    assert_eq!(data["utilization"], 0.85);
+    assert_eq!(data["allocated"], 1_000);
+    assert_eq!(data["spent"], 850);
+    assert_eq!(data["remaining"], 150);
+    let falling = &system_got[1].1;
+    assert_eq!(falling["source"], "cycles-admin");
+    assert_eq!(falling["data"]["allocated"], 1_500);
+    // The event log has every crossing once, whoever receives it.
+    let logged = events(&s, "event_type=budget.threshold_crossed").await;
+    assert_eq!(logged.len(), 5, "{logged:?}");
+    // Nothing more arrives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(tenant_receiver.received().len(), 3);
+    assert_eq!(system_receiver.received().len(), 2);
+    s.stop().await;
+}
+
+async fn expired_keys_are_announced_once(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    let (receiver, url) = Receiver::start().await;
+    create_webhook(
+        &s,
+        None,
+        json!({"url": url, "event_types": ["api_key.expired"]}),
+    )
+    .await;
+    let expires_at = ledger::format_rfc3339(crate::common::T0 + 60_000);
+    let r = s
+        .post(
+            "/v1/admin/api-keys",
+            As::Admin,
+            json!({"tenant_id": "acme", "name": "short", "expires_at": expires_at}),
+        )
+        .await;
+    let key_id = r.expect(201, None)["key_id"].as_str().unwrap().to_string();
+    // A key that outlives the test is not announced.
+    s.key("acme").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(receiver.received().is_empty(), "not expired yet");
+    s.advance(60_000);
+    let got = receiver.wait_for(1).await;
+    let (_, body) = &got[0];
+    assert_eq!(body["event_type"], "api_key.expired");
+    assert_eq!(body["tenant_id"], "acme");
+    assert_eq!(body["actor"]["type"], "system");
+    assert_eq!(body["data"]["key_id"], key_id.as_str());
+    assert_eq!(body["data"]["previous_status"], "ACTIVE");
+    assert_eq!(body["data"]["new_status"], "EXPIRED");
+    let keys = s.get("/v1/admin/api-keys?tenant_id=acme", As::Admin).await;
+    let keys = keys.expect(200, None)["keys"].as_array().unwrap().clone();
+    let key = keys
+        .iter()
+        .find(|k| k["key_id"] == key_id.as_str())
+        .unwrap();
+    assert_eq!(key["status"], "EXPIRED");
+    // Once: later sweeps find nothing more to expire.
+    s.advance(60_000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(receiver.received().len(), 1);
+    assert_eq!(events(&s, "event_type=api_key.expired").await.len(), 1);
+    s.stop().await;
+}
+
+async fn a_delivery_a_day_late_is_failed_not_sent(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (receiver, url) = Receiver::start().await;
+    receiver.status.store(503, Ordering::SeqCst);
+    s.tenant("acme").await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.created"]}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.budget("tenant:acme", USD, 100, json!({})).await;
+    receiver.wait_for(1).await;
+    wait_deliveries(&s, &id, |d| {
+        d.first().is_some_and(|d| d["status"] == "RETRYING")
+    })
+    .await;
+    // The receiver recovers, but only after the delivery is a day old.
+    receiver.status.store(200, Ordering::SeqCst);
+    s.advance(24 * 3_600_000 + 1);
+    let d = wait_deliveries(&s, &id, |d| {
+        d.first().is_some_and(|d| d["status"] == "FAILED")
+    })
+    .await;
+    assert_eq!(d[0]["attempts"], 1, "not attempted again");
+    let why = d[0]["error_message"].as_str().unwrap();
+    assert!(why.starts_with("Delivery expired: 24h old"), "{why}");
+    assert_eq!(receiver.received().len(), 1);
+    let w = s.get(&format!("/v1/admin/webhooks/{id}"), As::Admin).await;
+    let w = w.expect(200, None).clone();
+    assert_eq!(
+        w["status"], "ACTIVE",
+        "a stale delivery does not count against it"
+    );
+    assert_eq!(w["consecutive_failures"], 0);
     s.stop().await;
 }

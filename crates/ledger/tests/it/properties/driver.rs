@@ -5,9 +5,11 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::properties::model::{apply, Command, Outcome, Step as Applied};
 use ledger::{
-    Action, Actor, BudgetFilter, BulkBudgets, BulkTenants, Commit, Decide, Extend, Funding,
-    Idempotency, Millis, NewApiKey, NewBudget, NewTenant, RecordEvent, Release, Reserve, State,
-    Subject, TenantFilter, TenantPatch, Unit, TERMINAL_RETENTION_MS,
+    Action, Actor, Attempt, BudgetFilter, BulkBudgets, BulkTenants, Commit, CreateWebhook, Decide,
+    DueDeliveries, EventCategory, EventType, Extend, Funding, Idempotency, Millis, NewApiKey,
+    NewBudget, NewTenant, NewWebhook, RecordAttempt, RecordEvent, Release, Reserve, RetryPolicy,
+    State, Subject, TenantFilter, TenantPatch, Unit, UpdateWebhook, WebhookPatch, WebhookPlane,
+    WebhookStatus, TERMINAL_RETENTION_MS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -104,6 +106,7 @@ pub fn setup_commands(setup: &Setup) -> Vec<Command> {
             },
         },
     ];
+    commands.extend(watchers());
     for (scope, spec) in BUDGET_SCOPES.iter().zip(&setup.budgets) {
         if let Some(spec) = spec {
             commands.push(Command::CreateBudget {
@@ -126,6 +129,69 @@ pub fn setup_commands(setup: &Setup) -> Vec<Command> {
     }
     commands
 }
+
+/// What watches the case's events: a key that expires three hours in (for
+/// `api_key.expired`), and the [`SUBSCRIPTIONS`]: the tenant's, to its budget and
+/// reservation events with utilization levels of its own, and a system-wide one to threshold
+/// crossings at another level, key expiries and reservation expiries.
+fn watchers() -> Vec<Command> {
+    let expiring = Command::CreateApiKey {
+        actor: Actor::Admin,
+        key: NewApiKey {
+            key_id: "key-expiring".into(),
+            tenant_id: TENANT.into(),
+            key_prefix: "cyc_live_".into(),
+            digest: [9; 32],
+            name: "short-lived key".into(),
+            description: None,
+            permissions: None,
+            scope_filter: Vec::new(),
+            expires_at_ms: Some(START + 3 * 3_600_000),
+            metadata: None,
+        },
+    };
+    let subscription = |i: usize, owner: Option<&str>, types, categories, levels: &str| {
+        Command::CreateWebhook(CreateWebhook {
+            actor: Actor::Admin,
+            plane: WebhookPlane::Admin,
+            owner: owner.map(Into::into),
+            webhook: NewWebhook {
+                subscription_id: SUBSCRIPTIONS[i].into(),
+                name: None,
+                description: None,
+                url: format!("https://hooks.example.com/{i}"),
+                event_types: types,
+                event_categories: categories,
+                scope_filter: None,
+                thresholds: Some(format!(r#"{{"budget_utilization":[{levels}]}}"#)),
+                sealed_secret: "sealed".into(),
+                headers: Vec::new(),
+                retry_policy: RetryPolicy::default(),
+                disable_after_failures: 3,
+                metadata: None,
+            },
+        })
+    };
+    let system_types = vec![
+        EventType::BudgetThresholdCrossed,
+        EventType::ApiKeyExpired,
+        EventType::ReservationExpired,
+    ];
+    vec![
+        expiring,
+        subscription(
+            0,
+            Some(TENANT),
+            Vec::new(),
+            vec![EventCategory::Budget, EventCategory::Reservation],
+            "0.5, 0.8",
+        ),
+        subscription(1, None, system_types, Vec::new(), "0.25"),
+    ]
+}
+
+/// The setup's webhook subscriptions.
+pub const SUBSCRIPTIONS: [&str; 2] = ["w-tenant", "w-system"];
 
 /// The idempotency namespace of a request, as the protocol defines it: operations on a
 /// reservation are scoped by its id, the others by endpoint.
@@ -524,6 +590,42 @@ impl Driver {
                     ..TenantPatch::default()
                 },
             },
+            Op::WebhookStatus {
+                subscription,
+                active,
+            } => Command::UpdateWebhook(UpdateWebhook {
+                actor: Actor::Admin,
+                plane: WebhookPlane::Admin,
+                subscription_id: SUBSCRIPTIONS[*subscription].into(),
+                patch: WebhookPatch {
+                    status: Some(if *active {
+                        WebhookStatus::Active
+                    } else {
+                        WebhookStatus::Paused
+                    }),
+                    ..WebhookPatch::default()
+                },
+            }),
+            Op::DueDeliveries => Command::DueDeliveries(DueDeliveries {
+                limit: 100,
+                skip: Vec::new(),
+            }),
+            Op::Attempt { pick, success } => {
+                let due = self.state.to_snapshot().deliveries;
+                if due.is_empty() {
+                    return None;
+                }
+                Command::RecordAttempt(RecordAttempt {
+                    delivery_id: due[pick.index(due.len())].delivery_id.clone(),
+                    attempt: Attempt {
+                        success: *success,
+                        response_status: Some(if *success { 200 } else { 500 }),
+                        response_time_ms: 5,
+                        error_message: (!*success).then(|| "HTTP 500".into()),
+                    },
+                    retry_in_ms: 1_000,
+                })
+            }
             Op::TenantStatus { status, bulk: true } => Command::BulkTenants(BulkTenants {
                 actor: Actor::Admin,
                 filter: TenantFilter {

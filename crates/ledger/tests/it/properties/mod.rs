@@ -2,8 +2,9 @@
 //!
 //! Every case provisions one tenant, one API key and up to four budgets at random, then
 //! drives `ledger::apply` with a random sequence of reserves (live and dry run), commits,
-//! releases, extensions, direct events, decisions, funding operations, maintenance passes
-//! and clock advances. Idempotency keys are reused now and then, and earlier requests are
+//! releases, extensions, direct events, decisions, funding operations, maintenance passes,
+//! webhook pauses and resumptions, delivery attempts and clock advances; two webhook
+//! subscriptions and a key that expires watch it. Idempotency keys are reused now and then, and earlier requests are
 //! resent verbatim. Each property checks one family of rules after every command.
 
 mod checks;
@@ -21,6 +22,7 @@ use proptest::sample::Index;
 use crate::properties::checks::balances::Accounts;
 use crate::properties::checks::determinism::{check_determinism, check_restore_midway};
 use crate::properties::checks::evaluation::check_evaluation;
+use crate::properties::checks::events::check_events;
 use crate::properties::checks::idempotency::Replays;
 use crate::properties::checks::lifecycle::check_invariants;
 use crate::properties::driver::{
@@ -95,6 +97,14 @@ proptest! {
     fn idempotency_keys_replay_or_mismatch(setup in setup(), ops in ops()) {
         let mut replays = Replays::default();
         Driver::run(&setup, &ops, &mut |step: &Step| replays.check(step))?;
+    }
+
+    /// Every change emits exactly the events it implies (threshold crossings and key
+    /// expiries checked against the balances and keys), each delivered once to every ACTIVE
+    /// subscription that wants it; a refusal emits nothing of its own.
+    #[test]
+    fn events_follow_changes_and_route_exactly(setup in setup(), ops in ops()) {
+        Driver::run(&setup, &ops, &mut check_events)?;
     }
 
     /// Decide, a dry run and a live reserve agree on every state.

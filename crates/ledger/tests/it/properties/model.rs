@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use ledger::{
     Actor, ApiKey, Applied, Budget, BulkBudgets, BulkResult, BulkTenants, Commit, CommitResult,
-    CreateApiKey, CreateBudget, CreateTenant, Decide, DecideResult, EventResult, Extend,
-    ExtendResult, FundBudget, FundResult, Funding, Idempotent, Maintain, Millis, NewApiKey,
-    NewBudget, NewTenant, RecordEvent, Release, ReleaseResult, Reserve, ReserveResult, State,
-    Tenant, TenantPatch, UpdateTenant,
+    CreateApiKey, CreateBudget, CreateTenant, CreateWebhook, Decide, DecideResult, Delivery,
+    DueDeliveries, EventResult, Extend, ExtendResult, FundBudget, FundResult, Funding, Idempotent,
+    Maintain, Millis, NewApiKey, NewBudget, NewTenant, RecordAttempt, RecordEvent, Release,
+    ReleaseResult, Reserve, ReserveResult, State, Tenant, TenantPatch, UpdateTenant, UpdateWebhook,
+    WebhookSubscription,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +47,11 @@ pub enum Command {
     },
     BulkTenants(BulkTenants),
     BulkBudgets(BulkBudgets),
+    CreateWebhook(CreateWebhook),
+    UpdateWebhook(UpdateWebhook),
+    /// The dispatcher asking for work: fails what is no longer deliverable.
+    DueDeliveries(DueDeliveries),
+    RecordAttempt(RecordAttempt),
 }
 
 /// What an operation answered, by kind.
@@ -87,8 +93,12 @@ pub enum Outcome {
     },
     Maintained {
         expired: usize,
+        keys_expired: usize,
         evicted: usize,
     },
+    Webhook(Arc<WebhookSubscription>),
+    Due(usize),
+    Attempted(Option<Arc<Delivery>>),
     Tenant(Tenant),
     ApiKey(ApiKey),
     Budget(Budget),
@@ -166,8 +176,13 @@ pub fn apply(state: &mut State, command: Command, now: Millis) -> Step {
         Command::Maintain { limit } => {
             run(state, Maintain { limit }, now, |m| Outcome::Maintained {
                 expired: m.expired,
+                keys_expired: m.keys_expired,
                 evicted: m.evicted,
             })
         }
+        Command::CreateWebhook(op) => run(state, op, now, Outcome::Webhook),
+        Command::UpdateWebhook(op) => run(state, op, now, Outcome::Webhook),
+        Command::DueDeliveries(op) => run(state, op, now, |due| Outcome::Due(due.len())),
+        Command::RecordAttempt(op) => run(state, op, now, Outcome::Attempted),
     }
 }

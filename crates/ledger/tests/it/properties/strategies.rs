@@ -156,6 +156,17 @@ pub enum Op {
         status: TenantStatus,
         bulk: bool,
     },
+    /// Pauses or resumes one of the setup's subscriptions.
+    WebhookStatus {
+        subscription: usize,
+        active: bool,
+    },
+    /// The dispatcher: asks for due work, or records an attempt of a due delivery.
+    DueDeliveries,
+    Attempt {
+        pick: Index,
+        success: bool,
+    },
 }
 
 /// Mostly small against budgets of up to 10 000 000, sometimes a budget's worth.
@@ -371,6 +382,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
     .prop_flat_map(|status| (Just(status), any::<bool>()))
     .prop_map(|(status, bulk)| Op::TenantStatus { status, bulk });
+    let webhooks = prop_oneof![
+        1 => (0..2usize, any::<bool>())
+            .prop_map(|(subscription, active)| Op::WebhookStatus { subscription, active }),
+        1 => Just(Op::DueDeliveries),
+        3 => (any::<Index>(), prop::bool::weighted(0.7))
+            .prop_map(|(pick, success)| Op::Attempt { pick, success }),
+    ];
     prop_oneof![
         6 => reserve,
         5 => commit,
@@ -383,6 +401,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => clock,
         2 => resend,
         1 => tenant_status,
+        2 => webhooks,
     ]
 }
 

@@ -72,6 +72,16 @@ fn check_rejection_is_inert(step: &Step) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// True when charging `actual` would take a budget of `r` past the largest amount: its
+/// `spent` can stand above what is allocated after a reset with a `spent` override, so even
+/// a commit of the estimate may not fit.
+fn charge_overflows(step: &Step, r: &Reservation, actual: i64) -> bool {
+    step.before
+        .budgets()
+        .filter(|b| b.unit == r.unit && r.budgeted_scopes.contains(&b.scope))
+        .any(|b| b.spent.checked_add(actual).is_none())
+}
+
 /// An ACTIVE reservation within its grace period can be settled: a commit or release is
 /// refused only for its own reasons (overage, wrong unit), an extend only within the lease
 /// and the extension limit.
@@ -89,6 +99,7 @@ fn check_settlement_is_accepted(step: &Step) -> Result<(), TestCaseError> {
         Command::Commit(c) => {
             step.now > r.settle_deadline()
                 || c.unit != r.unit
+                || (matches!(e, Rejection::Overflow) && charge_overflows(step, r, c.actual))
                 || (c.actual > r.estimate
                     && matches!(
                         e,
@@ -457,8 +468,12 @@ fn check_tenant_close(step: &Step) -> Result<(), TestCaseError> {
 
 /// A maintenance pass expires what is due and evicts what is stale, up to its limit each.
 fn check_maintenance(step: &Step) -> Result<(), TestCaseError> {
-    let (Command::Maintain { limit }, Ok(Outcome::Maintained { expired, evicted })) =
-        (step.command, &step.applied.result)
+    let (
+        Command::Maintain { limit },
+        Ok(Outcome::Maintained {
+            expired, evicted, ..
+        }),
+    ) = (step.command, &step.applied.result)
     else {
         return Ok(());
     };

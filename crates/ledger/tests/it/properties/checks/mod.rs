@@ -3,6 +3,7 @@
 pub mod balances;
 pub mod determinism;
 pub mod evaluation;
+pub mod events;
 pub mod idempotency;
 pub mod lifecycle;
 
