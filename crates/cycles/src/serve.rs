@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use server::{BoundServer, Dashboard, RateLimit, ServerOptions};
+use server::{BoundServer, Dashboard, Limits, RateLimit, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 use store::history::Retention;
 use store::SystemClock;
@@ -25,6 +25,57 @@ pub enum DurabilityArg {
     Strict,
     /// Memory only: nothing survives a restart. For tests and measuring the floor.
     None,
+}
+
+/// Bounds on what clients can hold (see the README's "Limits").
+#[derive(Args)]
+struct LimitArgs {
+    /// Open connections at most; more are answered 503 and closed.
+    #[arg(long, env = "CYCLES_MAX_CONNECTIONS", default_value_t = Limits::DEFAULT.max_connections as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Bytes a request's line and headers may take (at least 8192); more are answered 431.
+    #[arg(long, env = "CYCLES_MAX_HEADER_BYTES", default_value_t = Limits::DEFAULT.max_header_bytes as u32,
+        value_parser = clap::value_parser!(u32).range(Limits::MIN_HEADER_BYTES as i64..))]
+    max_header_bytes: u32,
+    /// Headers a request may carry; more are answered 431.
+    #[arg(long, env = "CYCLES_MAX_HEADERS", default_value_t = Limits::DEFAULT.max_headers as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    max_headers: u32,
+    /// Milliseconds a client has to send a request's headers, and an idle kept-alive
+    /// connection to start its next request; the connection is closed after that.
+    #[arg(long, env = "CYCLES_HEADER_READ_TIMEOUT_MS",
+        default_value_t = Limits::DEFAULT.header_read_timeout.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_ms: u64,
+    /// Milliseconds a client has to send a request's body, from its headers; 408 after that.
+    #[arg(long, env = "CYCLES_BODY_READ_TIMEOUT_MS",
+        default_value_t = Limits::DEFAULT.body_read_timeout.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    body_read_timeout_ms: u64,
+    /// Requests answered at once, at most; more are answered 503 with Retry-After at once.
+    #[arg(long, env = "CYCLES_MAX_IN_FLIGHT", default_value_t = Limits::DEFAULT.max_in_flight as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    max_in_flight: u32,
+    /// Requests one credential (an API key, the admin key, or an address that presents
+    /// none) may have in flight; more are answered 429 with Retry-After.
+    #[arg(long, env = "CYCLES_MAX_IN_FLIGHT_PER_KEY", default_value_t = Limits::DEFAULT.max_in_flight_per_key as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    max_in_flight_per_key: u32,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            max_connections: self.max_connections as usize,
+            max_header_bytes: self.max_header_bytes as usize,
+            max_headers: self.max_headers as usize,
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            body_read_timeout: Duration::from_millis(self.body_read_timeout_ms),
+            max_in_flight: self.max_in_flight as usize,
+            max_in_flight_per_key: self.max_in_flight_per_key as usize,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -92,6 +143,8 @@ pub struct ServeArgs {
     /// Requests a key may burst above its rate (default: one second's worth).
     #[arg(long, env = "CYCLES_RATE_LIMIT_BURST")]
     rate_limit_burst: Option<f64>,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Serve /metrics without the admin key (for scrapers that cannot send headers).
     #[arg(long, env = "CYCLES_PUBLIC_METRICS")]
     public_metrics: bool,
@@ -201,6 +254,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         dashboard,
         audit_unauthenticated_per_minute: args.audit_unauthenticated_per_minute,
         webhook_keys,
+        limits: args.limits.limits(),
     };
     let bound = BoundServer::bind(store, options)
         .await

@@ -13,6 +13,7 @@ use crate::webhooks::{DispatchCounters, Webhooks};
 
 use crate::auth::AdminKey;
 use crate::jobs::SweepCounters;
+use crate::limits::Bounds;
 use crate::load::LoadTracker;
 use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
@@ -27,6 +28,7 @@ pub struct App {
     unauthenticated: Arc<UnauthenticatedBudget>,
     webhooks: Arc<Webhooks>,
     dispatch_counters: Arc<DispatchCounters>,
+    bounds: Arc<Bounds>,
 }
 
 impl App {
@@ -36,6 +38,7 @@ impl App {
         public_metrics: bool,
         audit_unauthenticated_per_minute: u32,
         webhooks: Arc<Webhooks>,
+        bounds: Arc<Bounds>,
     ) -> Self {
         App {
             store,
@@ -47,6 +50,7 @@ impl App {
             unauthenticated: Arc::new(UnauthenticatedBudget::new(audit_unauthenticated_per_minute)),
             webhooks,
             dispatch_counters: Arc::default(),
+            bounds,
         }
     }
 
@@ -58,6 +62,11 @@ impl App {
     /// What the webhook dispatcher has done (shared with it).
     pub fn dispatch_counters(&self) -> &Arc<DispatchCounters> {
         &self.dispatch_counters
+    }
+
+    /// The limits on connections and requests, what they share and how often they bit.
+    pub fn bounds(&self) -> &Arc<Bounds> {
+        &self.bounds
     }
 
     /// The budget of unauthenticated refusals' audit entries (see [`UnauthenticatedBudget`]).

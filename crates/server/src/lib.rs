@@ -29,10 +29,12 @@ pub mod alloc_count;
 mod app;
 mod audit;
 mod auth;
+mod conn;
 pub mod correlation;
 mod dashboard;
 mod ids;
 mod jobs;
+mod limits;
 mod load;
 mod metrics;
 mod openapi;
@@ -48,13 +50,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use store::{Engine, Store};
 use tokio::net::TcpListener;
 
 pub use app::App;
 pub use dashboard::Dashboard;
 pub use ids::new_key_secret;
+pub use limits::Limits;
 pub use ratelimit::RateLimit;
 pub use webhooks::new_key as new_webhook_key;
 
@@ -78,6 +80,8 @@ pub struct ServerOptions {
     /// The keys webhook secrets are sealed with at rest: the first seals, all open. Empty:
     /// a key for this process only (secrets stored now cannot be opened after a restart).
     pub webhook_keys: Vec<[u8; 32]>,
+    /// Bounds on connections, headers, bodies and requests in flight.
+    pub limits: Limits,
 }
 
 /// A server bound to its address, ready to run.
@@ -100,6 +104,7 @@ impl BoundServer {
                 options.public_metrics,
                 options.audit_unauthenticated_per_minute,
                 Arc::new(webhooks::Webhooks::new(&options.webhook_keys)),
+                Arc::new(limits::Bounds::new(options.limits)),
             )),
             sweep_interval: options.sweep_interval,
             rate_limit: options.rate_limit,
@@ -125,16 +130,7 @@ impl BoundServer {
             self.app.dispatch_counters().clone(),
         );
         let router = routes::router(self.app.clone(), self.rate_limit, self.dashboard);
-        let listener = self.listener.tap_io(|tcp| {
-            // Replies are small and latency-bound: do not wait to coalesce them.
-            let _ = tcp.set_nodelay(true);
-        });
-        let served = axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await;
+        let served = conn::serve(self.listener, router, self.app.bounds().clone(), shutdown).await;
         sweeper.stop().await;
         dispatcher.stop().await;
         self.app.store().shutdown().await;

@@ -68,20 +68,34 @@ impl LoadTracker {
     /// Counts a request that arrived `at` in until the returned guard drops, noting when it
     /// overlaps another.
     pub fn enter(&self, at: Instant) -> InFlight<'_> {
-        if self.in_flight.fetch_add(1, Ordering::Relaxed) > 0 {
+        let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if before > 0 {
             self.last_overlap_us
                 .fetch_max(self.since_epoch_us(at), Ordering::Relaxed);
         }
-        InFlight(&self.in_flight)
+        InFlight {
+            counter: &self.in_flight,
+            position: before + 1,
+        }
     }
 }
 
 /// Counts a request in flight until it is answered or dropped (a client that hangs up).
-pub struct InFlight<'a>(&'a AtomicUsize);
+pub struct InFlight<'a> {
+    counter: &'a AtomicUsize,
+    position: usize,
+}
+
+impl InFlight<'_> {
+    /// The requests in flight when this one arrived, itself included.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.counter.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

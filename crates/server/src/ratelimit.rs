@@ -115,7 +115,7 @@ fn credential(request: &Request) -> [u8; 32] {
 }
 
 const REMAINING_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const RESET_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub const RESET_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: Next) -> Response {
     match limiter.take(credential(&request), Instant::now()) {

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use ledger::{CreateApiKey, RevokeApiKey, UpdateApiKey};
@@ -20,7 +19,7 @@ use crate::auth::{self, Headers};
 use crate::ids;
 use crate::openapi::{BadRequest, Conflict, Errors, NotFound};
 use crate::reply::{json, Answer};
-use crate::routes::body::admin_body;
+use crate::routes::body::{admin_body, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -42,7 +41,7 @@ pub fn routes() -> OpenApiRouter<Arc<App>> {
 pub async fn create_api_key(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let request: ApiKeyCreateRequest = admin_body(&app, &actor, &bytes).await?;
@@ -133,7 +132,7 @@ pub async fn update_api_key(
     State(app): State<Arc<App>>,
     Path(KeyPath { key_id: id }): Path<KeyPath>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let request: ApiKeyUpdateRequest = admin_body(&app, &actor, &bytes).await?;

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use ledger::{Authenticate, ValidateApiKey};
@@ -16,7 +15,7 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::openapi::{BadRequest, Errors};
 use crate::reply::{json, Answer};
-use crate::routes::body::admin_body;
+use crate::routes::body::{admin_body, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -57,7 +56,7 @@ pub async fn introspect(State(app): State<Arc<App>>, Headers(headers): Headers) 
 pub async fn validate_api_key(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let request: ValidateRequest = admin_body(&app, &actor, &bytes).await?;

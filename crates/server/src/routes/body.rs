@@ -1,8 +1,13 @@
 //! Request bodies, parsed and validated by `protocol` through [`App::validated`]: when a
 //! body is refused, the caller's credentials are checked first, so 401 beats 400.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request};
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use ledger::Actor;
 use ledger::{BulkResult, Idempotent, Operation};
 use protocol::bulk::{BulkActionResponse, BulkRequest};
@@ -10,11 +15,12 @@ use protocol::runtime::{
     CommitRequest, DecisionRequest, EventCreateRequest, IdempotencyHeader, ReleaseRequest,
     ReservationCreateRequest, ReservationExtendRequest,
 };
-use protocol::{parse_body, Plane, Validate};
+use protocol::{parse_body, ApiError, ErrorCode, Plane, Validate};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::app::App;
+use crate::limits::{BodyTimeout, LimitCounters};
 use crate::reply::{json, Answer, Failure};
 
 /// An admin-plane body.
@@ -105,4 +111,43 @@ where
         axum::http::StatusCode::OK,
         &BulkActionResponse::new(action, key, &done.result),
     ))
+}
+
+/// A request's body, read whole, with the failures a client can cause answered as such: a
+/// body that did not arrive by its deadline ([`crate::limits::DeadlineBody`]) is 408, one
+/// over the size limit is 413 (as a 400 `INVALID_REQUEST`, by the correlation layer), any
+/// other failure to read it 400.
+pub struct RawBody(pub Bytes);
+
+impl FromRequest<Arc<App>> for RawBody {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, app: &Arc<App>) -> Result<Self, Response> {
+        match Bytes::from_request(request, app).await {
+            Ok(bytes) => Ok(RawBody(bytes)),
+            Err(rejection) => match timed_out(&rejection) {
+                Some(timeout) => {
+                    LimitCounters::count(&app.bounds().counters.body_timeouts);
+                    let error = ApiError::new(408, ErrorCode::InvalidRequest, timeout.to_string());
+                    Err(Failure::from(error).into_response())
+                }
+                None => Err(rejection.into_response()),
+            },
+        }
+    }
+}
+
+/// The deadline a body missed, if that is why it could not be read.
+fn timed_out(rejection: &BytesRejection) -> Option<BodyTimeout> {
+    let BytesRejection::FailedToBufferBody(failed) = rejection else {
+        return None;
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(failed);
+    while let Some(error) = source {
+        if let Some(timeout) = error.downcast_ref::<BodyTimeout>() {
+            return Some(*timeout);
+        }
+        source = error.source();
+    }
+    None
 }

@@ -22,7 +22,7 @@ use crate::auth::{self, Headers};
 use crate::ids;
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden, NotFound};
 use crate::reply::{tenant_json, Answer};
-use crate::routes::body::{admin_body, bulk_action, optional_admin_body};
+use crate::routes::body::{admin_body, bulk_action, optional_admin_body, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -58,7 +58,7 @@ fn budget_address(raw: &Option<String>) -> Result<(String, Unit), ApiError> {
 pub async fn create_budget(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: BudgetCreateRequest = admin_body(&app, &actor, &bytes).await?;
@@ -145,7 +145,7 @@ pub async fn fund_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let fund = app
@@ -179,7 +179,7 @@ pub async fn update_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let (scope, unit, patch) = app
@@ -238,7 +238,7 @@ pub async fn freeze_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     set_frozen(&app, raw, &headers, &bytes, true).await
 }
@@ -260,7 +260,7 @@ pub async fn unfreeze_budget(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     set_frozen(&app, raw, &headers, &bytes, false).await
 }
@@ -283,7 +283,7 @@ pub async fn unfreeze_budget(
 pub async fn bulk_action_budgets(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     bulk_action::<BudgetBulkActionRequest>(&app, actor, &bytes).await

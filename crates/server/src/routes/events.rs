@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use protocol::runtime::{EventCreateRequest, EventCreateResponse, IdempotencyHeader};
@@ -15,7 +14,7 @@ use crate::auth::{self, Headers};
 use crate::ids;
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden, NotFound};
 use crate::reply::{tenant_json, Answer};
-use crate::routes::body::keyed_body;
+use crate::routes::body::{keyed_body, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new().routes(routes!(create_event))
@@ -38,7 +37,7 @@ pub fn routes() -> OpenApiRouter<Arc<App>> {
 pub async fn create_event(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: EventCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;

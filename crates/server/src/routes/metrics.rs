@@ -4,26 +4,53 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use protocol::{ApiError, ErrorCode};
 use store::Store;
 
 use crate::app::App;
 use crate::auth::{self, Headers};
+use crate::limits::LimitCounters;
 use crate::metrics::{method_name, render};
+use crate::ratelimit::RESET_HEADER;
 use crate::reply::{Answer, Failure};
 
-/// Runs the rest of the request, counted in flight, and records it by route and status.
+/// Runs the rest of the request, counted in flight, and records it by route and status. A
+/// request over the server's or its credential's share of requests in flight is refused at
+/// once (see [`crate::limits`]); the health checks and `/metrics` never are, so an operator
+/// can still see a server that is shedding load.
 pub async fn observe(app: &App, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = method_name(request.method());
     // A clone of the matched path shares its string: no allocation.
     let route = request.extensions().get::<MatchedPath>().cloned();
     let response = {
-        let _counted = app.load().enter(started);
-        next.run(request).await
+        let counted = app.load().enter(started);
+        let bounds = app.bounds();
+        let exempt = route.as_ref().is_some_and(|r| is_operations(r.as_str()));
+        if exempt {
+            next.run(request).await
+        } else if counted.position() > bounds.limits.max_in_flight {
+            LimitCounters::count(&bounds.counters.shed);
+            shed(bounds.limits.max_in_flight)
+        } else {
+            let peer = request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(peer)| peer.ip());
+            match bounds.shares.enter(request.headers(), peer) {
+                Some(_share) => next.run(request).await,
+                None => {
+                    LimitCounters::count(&bounds.counters.shed_per_key);
+                    over_share(bounds.limits.max_in_flight_per_key)
+                }
+            }
+        }
     };
     app.http_metrics().record(
         method,
@@ -31,6 +58,97 @@ pub async fn observe(app: &App, request: Request, next: Next) -> Response {
         response.status().as_u16(),
         started.elapsed().as_secs_f64(),
     );
+    response
+}
+
+/// How often each bound of [`crate::limits`] bit, and the connections open.
+fn limit_metrics(c: &LimitCounters) -> [store::Metric; 7] {
+    let metric = |name, help, counter, value: &std::sync::atomic::AtomicU64| store::Metric {
+        name,
+        help,
+        counter,
+        value: LimitCounters::read(value),
+    };
+    [
+        metric(
+            "cycles_connections_open",
+            "HTTP connections open.",
+            false,
+            &c.connections_open,
+        ),
+        metric(
+            "cycles_connections_refused_total",
+            "Connections answered 503 and closed: the server had its maximum open.",
+            true,
+            &c.connections_refused,
+        ),
+        metric(
+            "cycles_header_read_timeouts_total",
+            "Connections closed because a request's headers (or an idle connection's next request) did not arrive in time.",
+            true,
+            &c.header_timeouts,
+        ),
+        metric(
+            "cycles_headers_too_large_total",
+            "Requests answered 431: their headers were over the size or count limit.",
+            true,
+            &c.headers_too_large,
+        ),
+        metric(
+            "cycles_body_read_timeouts_total",
+            "Requests answered 408: their body did not arrive in time.",
+            true,
+            &c.body_timeouts,
+        ),
+        metric(
+            "cycles_requests_shed_total",
+            "Requests answered 503 at once: the server had its maximum in flight.",
+            true,
+            &c.shed,
+        ),
+        metric(
+            "cycles_requests_over_key_share_total",
+            "Requests answered 429 at once: their credential had its share in flight.",
+            true,
+            &c.shed_per_key,
+        ),
+    ]
+}
+
+/// The health checks and `/metrics`.
+fn is_operations(route: &str) -> bool {
+    route == "/metrics" || route.starts_with("/actuator/health")
+}
+
+/// The answer of a request over the server's limit of requests in flight.
+fn shed(limit: usize) -> Response {
+    let error = ApiError::unavailable(format!(
+        "The server is answering its limit of {limit} requests: retry shortly"
+    ));
+    retry_after(Failure::from(error).into_response())
+}
+
+/// The answer of a request over its credential's share of requests in flight.
+fn over_share(limit: usize) -> Response {
+    let error = ApiError::new(
+        429,
+        ErrorCode::LimitExceeded,
+        format!("This key already has {limit} requests in flight: retry shortly"),
+    );
+    let mut response = retry_after(Failure::from(error).into_response());
+    let reset = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() + 1);
+    response
+        .headers_mut()
+        .insert(RESET_HEADER, HeaderValue::from(reset));
+    response
+}
+
+fn retry_after(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     response
 }
 
@@ -73,6 +191,7 @@ pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> 
         counter: true,
         value: dispatch.failed_attempts.load(std::sync::atomic::Ordering::Relaxed),
     });
+    counters.extend(limit_metrics(&app.bounds().counters));
     let body = render(
         app.http_metrics(),
         app.load().in_flight(),

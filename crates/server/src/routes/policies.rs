@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use ledger::{CreatePolicy, ListPolicies, Policy, UpdatePolicy};
@@ -19,7 +18,7 @@ use crate::auth::{self, Headers};
 use crate::ids;
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden, NotFound};
 use crate::reply::{next_cursor, tenant_json, Answer};
-use crate::routes::body::admin_body;
+use crate::routes::body::{admin_body, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -45,7 +44,7 @@ fn policy_answer(policy: Policy, status: StatusCode, tenant: Option<Arc<str>>) -
 pub async fn create_policy(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: PolicyCreateRequest = admin_body(&app, &actor, &bytes).await?;
@@ -107,7 +106,7 @@ pub async fn update_policy(
     State(app): State<Arc<App>>,
     Path(PolicyPath { policy_id: id }): Path<PolicyPath>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &headers)?;
     let request: PolicyUpdateRequest = admin_body(&app, &actor, &bytes).await?;

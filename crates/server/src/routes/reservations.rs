@@ -26,7 +26,7 @@ use crate::auth::{self, Headers};
 use crate::ids;
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden, Gone, NotFound};
 use crate::reply::{json, tenant_json, with_date, with_tenant, Answer, Failure};
-use crate::routes::body::{keyed_body, Keyed};
+use crate::routes::body::{keyed_body, Keyed, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -61,7 +61,7 @@ pub fn release_routes() -> OpenApiRouter<Arc<App>> {
 pub async fn create_reservation(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: ReservationCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;
@@ -82,18 +82,16 @@ pub struct OnReservation {
     body: Bytes,
 }
 
-impl<S: Send + Sync> FromRequest<S> for OnReservation {
+impl FromRequest<Arc<App>> for OnReservation {
     type Rejection = Response;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+    async fn from_request(request: Request, state: &Arc<App>) -> Result<Self, Response> {
         let (mut parts, body) = request.into_parts();
         let Path(path) = Path::<ReservationPath>::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
         let Ok(Headers(headers)) = Headers::from_request_parts(&mut parts, state).await;
-        let body = Bytes::from_request(Request::from_parts(parts, body), state)
-            .await
-            .map_err(IntoResponse::into_response)?;
+        let RawBody(body) = RawBody::from_request(Request::from_parts(parts, body), state).await?;
         Ok(OnReservation {
             path,
             headers,

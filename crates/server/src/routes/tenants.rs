@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use ledger::{CreateTenant, GetTenant, Tenant, TenantWritten, UpdateTenant};
@@ -19,7 +18,7 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::openapi::{BadRequest, Conflict, Errors, NotFound};
 use crate::reply::{json, Answer};
-use crate::routes::body::{admin_body, bulk_action};
+use crate::routes::body::{admin_body, bulk_action, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
@@ -47,7 +46,7 @@ fn tenant_answer(tenant: Tenant) -> Answer {
 pub async fn create_tenant(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let request: TenantCreateRequest = admin_body(&app, &actor, &bytes).await?;
@@ -130,7 +129,7 @@ pub async fn update_tenant(
     State(app): State<Arc<App>>,
     Path(TenantPath { tenant_id: id }): Path<TenantPath>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let request: TenantUpdateRequest = admin_body(&app, &actor, &bytes).await?;
@@ -161,7 +160,7 @@ pub async fn update_tenant(
 pub async fn bulk_action_tenants(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     bulk_action::<TenantBulkActionRequest>(&app, actor, &bytes).await

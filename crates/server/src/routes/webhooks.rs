@@ -27,7 +27,7 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden, NotFound};
 use crate::reply::{json, Answer, Failure};
-use crate::routes::body::{admin_body, bulk_action};
+use crate::routes::body::{admin_body, bulk_action, RawBody};
 use crate::webhooks::{Outbound, TEST_TIMEOUT};
 
 /// Most events a replay may select from (the reference's scan limit).
@@ -297,7 +297,7 @@ pub async fn create_webhook(
     State(app): State<Arc<App>>,
     RawQuery(raw): RawQuery,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let owner = parse_query::<WebhookOwnerParams>(raw.as_deref())?.tenant_id;
     create(&app, &headers, WebhookPlane::Admin, owner, &bytes).await
@@ -322,7 +322,7 @@ pub async fn create_webhook(
 pub async fn bulk_action_webhooks(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     bulk_action::<protocol::bulk::WebhookBulkActionRequest>(&app, actor, &bytes).await
@@ -388,7 +388,7 @@ pub async fn update_webhook(
     State(app): State<Arc<App>>,
     Path(WebhookPath { subscription_id }): Path<WebhookPath>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     update(&app, actor, WebhookPlane::Admin, subscription_id, &bytes).await
@@ -475,7 +475,7 @@ pub async fn replay_events(
     State(app): State<Arc<App>>,
     Path(WebhookPath { subscription_id }): Path<WebhookPath>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let request: ReplayRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -606,7 +606,7 @@ pub async fn get_security(State(app): State<Arc<App>>, Headers(headers): Headers
 pub async fn put_security(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = auth::admin(app.admin_key(), &headers)?;
     let body: WebhookSecurityBody = admin_body(&app, &actor, &bytes).await?;
@@ -640,7 +640,7 @@ fn tenant_plane_actor(app: &App, headers: &HeaderMap) -> Result<Actor, Failure> 
 pub async fn create_tenant_webhook(
     State(app): State<Arc<App>>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     create(&app, &headers, WebhookPlane::Tenant, None, &bytes).await
 }
@@ -705,7 +705,7 @@ pub async fn update_tenant_webhook(
     State(app): State<Arc<App>>,
     Path(WebhookPath { subscription_id }): Path<WebhookPath>,
     Headers(headers): Headers,
-    bytes: Bytes,
+    RawBody(bytes): RawBody,
 ) -> Answer {
     let actor = tenant_plane_actor(&app, &headers)?;
     update(&app, actor, WebhookPlane::Tenant, subscription_id, &bytes).await

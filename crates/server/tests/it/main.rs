@@ -16,6 +16,7 @@ mod expiry;
 mod governance;
 mod idempotency;
 mod lifecycle;
+mod limits;
 mod listing;
 mod openapi;
 mod overage;

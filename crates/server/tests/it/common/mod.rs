@@ -176,6 +176,7 @@ impl TestServer {
             dashboard: None,
             audit_unauthenticated_per_minute: 0,
             webhook_keys: Vec::new(),
+            limits: server::Limits::default(),
         };
         configure(&mut options);
         let bound = BoundServer::bind(store, options).await.expect("bind");

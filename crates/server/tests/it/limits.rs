@@ -1,0 +1,248 @@
+//! The server's bounds (`server::Limits`): each one exceeded over raw TCP, its documented
+//! answer seen, its counter on `/metrics` moved, and the server still serving others.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use server::Limits;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::{reserve_body, As, Engine, TestServer};
+
+/// A server with `limits` changed from the defaults by `change`.
+async fn server_with(change: impl FnOnce(&mut Limits)) -> TestServer {
+    TestServer::start_with(Engine::Embedded, |options| change(&mut options.limits)).await
+}
+
+fn addr(server: &TestServer) -> String {
+    server.base.trim_start_matches("http://").to_string()
+}
+
+/// Reads what the server sends until it closes the connection or `within` passes; returns
+/// the text and whether the connection was closed.
+async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into(), false),
+        }
+    }
+}
+
+/// The value of a metric on `/metrics`.
+async fn metric(server: &TestServer, name: &str) -> u64 {
+    let text = server.get("/metrics", As::Admin).await;
+    let text = text.body.as_str().expect("metrics text").to_string();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} not on /metrics"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// A request that is still sending its body: in flight until it is finished or dropped.
+async fn start_slow_reserve(server: &TestServer, key: &str) -> TcpStream {
+    let body = reserve_body("slow-1", json!({"tenant": "acme"}), 1).to_string();
+    let mut tcp = TcpStream::connect(addr(server)).await.expect("connect");
+    let head = format!(
+        "POST /v1/reservations HTTP/1.1\r\nHost: x\r\nX-Cycles-API-Key: {key}\r\n\
+         X-Idempotency-Key: slow-1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{}",
+        body.len(),
+        &body[..10]
+    );
+    tcp.write_all(head.as_bytes()).await.expect("write");
+    tcp
+}
+
+/// Waits until the server counts `n` requests in flight (the slow ones are in the
+/// middleware, waiting on their bodies).
+async fn wait_in_flight(server: &TestServer, n: u64) {
+    for _ in 0..200 {
+        // The /metrics request itself is one of them.
+        if metric(server, "cycles_http_requests_in_flight").await > n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} requests never got in flight");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_maximum_is_answered_503_and_closed() {
+    let server = server_with(|l| l.max_connections = 2).await;
+    let _first = TcpStream::connect(addr(&server)).await.expect("first");
+    let _second = TcpStream::connect(addr(&server)).await.expect("second");
+    // Let the server accept both before the third arrives.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = TcpStream::connect(addr(&server)).await.expect("third");
+    third
+        .write_all(b"GET /v1/balances HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let (answer, closed) = read_until_closed(&mut third, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("\"error\":\"INTERNAL_ERROR\""), "{answer}");
+    assert!(closed, "the refused connection is closed");
+    // Once one closes, a new connection is served (the harness's client needs one).
+    drop(_first);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(metric(&server, "cycles_connections_refused_total").await, 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_over_the_size_or_count_limit_are_answered_431() {
+    let server = server_with(|l| {
+        l.max_header_bytes = 8_192;
+        l.max_headers = 20;
+    })
+    .await;
+    let mut big = TcpStream::connect(addr(&server)).await.expect("connect");
+    let padding = "a".repeat(10_000);
+    big.write_all(
+        format!("GET /v1/balances HTTP/1.1\r\nHost: x\r\nX-Pad: {padding}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let (answer, _) = read_until_closed(&mut big, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+
+    let mut many = TcpStream::connect(addr(&server)).await.expect("connect");
+    let headers: String = (0..30).map(|i| format!("X-H{i}: v\r\n")).collect();
+    many.write_all(format!("GET /v1/balances HTTP/1.1\r\nHost: x\r\n{headers}\r\n").as_bytes())
+        .await
+        .expect("write");
+    let (answer, _) = read_until_closed(&mut many, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+
+    // Others are still served, and the refusals are counted.
+    server
+        .get("/v1/admin/tenants", As::Admin)
+        .await
+        .expect(200, None);
+    assert_eq!(metric(&server, "cycles_headers_too_large_total").await, 2);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_that_do_not_arrive_in_time_close_the_connection() {
+    let server = server_with(|l| l.header_read_timeout = Duration::from_millis(300)).await;
+    // A slowloris: part of a request line, then nothing.
+    let mut slow = TcpStream::connect(addr(&server)).await.expect("connect");
+    slow.write_all(b"GET /v1/bal").await.expect("write");
+    // An idle kept-alive connection: one request answered, then nothing.
+    let mut idle = TcpStream::connect(addr(&server)).await.expect("connect");
+    idle.write_all(b"GET /actuator/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let started = Instant::now();
+    let (_, slow_closed) = read_until_closed(&mut slow, Duration::from_secs(5)).await;
+    assert!(slow_closed, "the slow client's connection is closed");
+    let (answer, idle_closed) = read_until_closed(&mut idle, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(idle_closed, "the idle connection is closed");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // Meanwhile, and after, others are served.
+    server
+        .get("/v1/admin/tenants", As::Admin)
+        .await
+        .expect(200, None);
+    assert!(metric(&server, "cycles_header_read_timeouts_total").await >= 2);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_in_time_is_answered_408_and_changes_nothing() {
+    let server = server_with(|l| l.body_read_timeout = Duration::from_millis(300)).await;
+    let key = server.setup("acme", 1_000).await;
+    let before = server.ledger("tenant:acme", "USD_MICROCENTS").await;
+    let mut slow = start_slow_reserve(&server, &key).await;
+    let (answer, _) = read_until_closed(&mut slow, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"error\":\"INVALID_REQUEST\""), "{answer}");
+    assert!(answer.contains("did not arrive within 300 ms"), "{answer}");
+    assert_eq!(
+        server.ledger("tenant:acme", "USD_MICROCENTS").await,
+        before,
+        "the reservation was not made"
+    );
+    assert_eq!(metric(&server, "cycles_body_read_timeouts_total").await, 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_maximum_in_flight_are_shed_at_once() {
+    let server = server_with(|l| l.max_in_flight = 3).await;
+    let key = server.setup("acme", 1_000).await;
+    let _held: Vec<TcpStream> = vec![
+        start_slow_reserve(&server, &key).await,
+        start_slow_reserve(&server, &key).await,
+    ];
+    wait_in_flight(&server, 2).await;
+    // The two slow requests and this one: the third fills the server, so a fourth...
+    let third = start_slow_reserve(&server, &key).await;
+    wait_in_flight(&server, 3).await;
+    let started = Instant::now();
+    let shed = server.get("/v1/balances?tenant=acme", As::Key(&key)).await;
+    shed.expect(503, Some("INTERNAL_ERROR"));
+    assert_eq!(shed.header("retry-after"), Some("1"));
+    assert!(started.elapsed() < Duration::from_secs(1), "shed at once");
+    // The health check and the metrics are never shed.
+    server
+        .get("/actuator/health", As::Nobody)
+        .await
+        .expect(200, None);
+    assert!(metric(&server, "cycles_requests_shed_total").await >= 1);
+    // Once the load goes, requests are served again.
+    drop(third);
+    drop(_held);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server
+        .get("/v1/balances?tenant=acme", As::Key(&key))
+        .await
+        .expect(200, None);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_over_its_share_is_refused_429_while_another_is_served() {
+    let server = server_with(|l| l.max_in_flight_per_key = 2).await;
+    let acme = server.setup("acme", 1_000).await;
+    let other = server.setup("other", 1_000).await;
+    let _held = [
+        start_slow_reserve(&server, &acme).await,
+        start_slow_reserve(&server, &acme).await,
+    ];
+    wait_in_flight(&server, 2).await;
+    let refused = server.get("/v1/balances?tenant=acme", As::Key(&acme)).await;
+    refused.expect(429, Some("LIMIT_EXCEEDED"));
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(refused.header("x-ratelimit-reset").is_some());
+    server
+        .get("/v1/balances?tenant=other", As::Key(&other))
+        .await
+        .expect(200, None);
+    assert_eq!(
+        metric(&server, "cycles_requests_over_key_share_total").await,
+        1
+    );
+    drop(_held);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server
+        .get("/v1/balances?tenant=acme", As::Key(&acme))
+        .await
+        .expect(200, None);
+    server.stop().await;
+}
