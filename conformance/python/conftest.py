@@ -220,6 +220,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             str(work / "data"),
             "--admin-api-key",
             ADMIN_KEY,
+            # The anomaly detector closes its windows every 100 ms, so a spike is seen at once.
+            "--anomaly-tick-ms",
+            "100",
         ],
         stdout=subprocess.PIPE,
         stderr=log,

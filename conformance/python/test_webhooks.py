@@ -62,6 +62,11 @@ DATA_SCHEMA = {
     "webhook.resumed": "EventDataWebhookLifecycle",
     "webhook.deleted": "EventDataWebhookLifecycle",
     "webhook.disabled_via_tenant_cascade": "EventDataTenantCascade",
+    "budget.burn_rate_anomaly": "EventDataBurnRateAnomaly",
+    "reservation.denial_rate_spike": "EventDataRateSpike",
+    "reservation.expiry_rate_spike": "EventDataRateSpike",
+    "api_key.auth_failure_rate_spike": "EventDataRateSpike",
+    "system.high_latency": "EventDataSystem",
 }
 
 
@@ -252,6 +257,47 @@ def test_deliveries_are_signed_and_listed(server: Server, receiver: Receiver) ->
     overview = ok(admin.get("/v1/admin/overview"))
     assert overview["event_counts"]["total_recent"] > 0
     assert overview["event_counts"]["by_category"].get("webhook", 0) >= 4
+
+
+def test_a_denial_spike_is_detected_and_delivered(server: Server, receiver: Receiver) -> None:
+    admin = server.admin
+    tenant = new_id("spike")
+    ok(admin.post("/v1/admin/tenants", json={"tenant_id": tenant, "name": tenant}), 201)
+    key = ok(admin.post("/v1/admin/api-keys", json={"tenant_id": tenant, "name": "k"}), 201)
+    scope = f"tenant:{tenant}"
+    ok(admin.post("/v1/admin/budgets", json={"tenant_id": tenant, "scope": scope, "unit": UNIT,
+       "allocated": {"unit": UNIT, "amount": 5}}), 201)
+    ok(admin.post("/v1/admin/webhooks", params={"tenant_id": tenant}, json={
+        "url": receiver.url, "event_types": ["reservation.denial_rate_spike"],
+        "thresholds": {"denial_rate_threshold": 0.5, "rate_window_seconds": 60}}), 201)
+    time.sleep(0.5)  # the detector's next tick sees the subscription
+    before = len(receiver.got)
+    runtime = httpx.Client(base_url=server.base_url, headers={"X-Cycles-API-Key": key["key_secret"]}, timeout=10.0)
+    statuses = []
+    for i in range(30):
+        r = runtime.post("/v1/reservations", headers={"X-Idempotency-Key": f"s{i}"}, json={
+            "idempotency_key": f"s{i}", "subject": {"tenant": tenant},
+            "action": {"kind": "llm.completion", "name": "m"}, "estimate": {"unit": UNIT, "amount": 1}})
+        statuses.append(r.status_code)
+    runtime.close()
+    assert statuses.count(200) == 5 and statuses.count(409) == 25, statuses
+    deadline = time.monotonic() + 10
+    spikes: list[dict[str, Any]] = []
+    while not spikes and time.monotonic() < deadline:
+        time.sleep(0.1)
+        spikes = events_of(server, tenant_id=tenant, event_type="reservation.denial_rate_spike")
+    assert len(spikes) == 1, spikes
+    assert spikes[0]["data"]["current_rate"] >= 0.5
+    assert spikes[0]["scope"] == scope
+    assert_payloads(spikes)
+    receiver.wait_for(before + 1)
+    deadline = time.monotonic() + 10
+    delivered: list[Any] = []
+    while not delivered and time.monotonic() < deadline:
+        delivered = [json.loads(b) for _, b in receiver.got if json.loads(b).get("event_id") == spikes[0]["event_id"]]
+        time.sleep(0.05)
+    assert len(delivered) == 1, "the spike was not delivered"
+    assert validator().admin.errors("Event", delivered[0]) == []
 
 
 def test_refusals_use_the_spec_codes(server: Server, receiver: Receiver) -> None:

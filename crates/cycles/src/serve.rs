@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use server::{BoundServer, Dashboard, Limits, RateLimit, ServerOptions};
+use server::{BoundServer, Dashboard, DetectorOptions, Limits, RateLimit, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 use store::history::Retention;
 use store::SystemClock;
@@ -145,6 +145,15 @@ pub struct ServeArgs {
     rate_limit_burst: Option<f64>,
     #[command(flatten)]
     limits: LimitArgs,
+    /// How often the anomaly detector closes its windows and looks for burn-rate
+    /// anomalies, rate spikes and high latency, in milliseconds.
+    #[arg(long, env = "CYCLES_ANOMALY_TICK_MS", default_value_t = 5_000,
+        value_parser = clap::value_parser!(u64).range(10..))]
+    anomaly_tick_ms: u64,
+    /// The p99 latency over a minute above which system.high_latency is emitted, in
+    /// milliseconds (0: never).
+    #[arg(long, env = "CYCLES_HIGH_LATENCY_MS", default_value_t = 1_000)]
+    high_latency_ms: u64,
     /// Serve /metrics without the admin key (for scrapers that cannot send headers).
     #[arg(long, env = "CYCLES_PUBLIC_METRICS")]
     public_metrics: bool,
@@ -255,6 +264,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         audit_unauthenticated_per_minute: args.audit_unauthenticated_per_minute,
         webhook_keys,
         limits: args.limits.limits(),
+        detector: DetectorOptions {
+            tick: Duration::from_millis(args.anomaly_tick_ms),
+            high_latency: (args.high_latency_ms > 0)
+                .then(|| Duration::from_millis(args.high_latency_ms)),
+        },
     };
     let bound = BoundServer::bind(store, options)
         .await

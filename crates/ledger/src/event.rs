@@ -186,6 +186,22 @@ impl Event {
             .map(crate::webhook::level_of)
     }
 
+    /// What a detected anomaly measured: its payload's `window_seconds` and the value its
+    /// subscribers' thresholds compare with (`multiplier` for a burn rate, `current_rate`
+    /// for a rate spike). `None` for any other event.
+    pub fn measured(&self) -> Option<(u32, f64)> {
+        let field = match self.event_type {
+            EventType::BudgetBurnRateAnomaly => "multiplier",
+            EventType::ReservationDenialRateSpike
+            | EventType::ReservationExpiryRateSpike
+            | EventType::ApiKeyAuthFailureRateSpike => "current_rate",
+            _ => return None,
+        };
+        let data: serde_json::Value = serde_json::from_str(&self.data).ok()?;
+        let window = u32::try_from(data.get("window_seconds")?.as_u64()?).ok()?;
+        Some((window, data.get(field)?.as_f64()?))
+    }
+
     /// The event id of number `n`.
     pub fn id_of(n: u64) -> String {
         format!("evt_{n:016x}")

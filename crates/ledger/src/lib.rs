@@ -60,7 +60,8 @@ pub use time::{format_rfc3339, parse_rfc3339};
 pub use webhook::{
     level_of, scope_filter_matches, Delivery, DeliveryPage, DeliveryQuery, DeliveryStatus, Level,
     RetryPolicy, WebhookSecurity, WebhookStatus, WebhookSubscription,
-    DEFAULT_DISABLE_AFTER_FAILURES, DEFAULT_UTILIZATION_LEVELS, MAX_DELIVERY_AGE_MS,
+    DEFAULT_DISABLE_AFTER_FAILURES, DEFAULT_UTILIZATION_LEVELS, HIGH_LATENCY_WINDOW_S,
+    MAX_DELIVERY_AGE_MS,
 };
 
 /// Milliseconds since the Unix epoch, as given by the engine's clock.

@@ -57,6 +57,9 @@ impl RetryPolicy {
 
 pub const DEFAULT_DISABLE_AFTER_FAILURES: u32 = 10;
 
+/// The window `system.high_latency` is measured over, in seconds.
+pub const HIGH_LATENCY_WINDOW_S: u32 = 60;
+
 /// How old a delivery may grow (from its creation, across retries and downtime) before it
 /// is failed instead of attempted: 24 hours, as the reference.
 pub const MAX_DELIVERY_AGE_MS: Millis = 24 * 3_600_000;
@@ -153,15 +156,67 @@ impl WebhookSubscription {
         levels
     }
 
+    /// The window (seconds) and threshold this subscription sets for a detected event
+    /// type (its `WebhookThresholdConfig`, or the spec's defaults): the burn rate's
+    /// multiplier, or the fraction of decisions, settlements or authentications a rate
+    /// spike is. `system.high_latency` has no field there: the server's own threshold
+    /// applies, over a minute.
+    pub fn detector_threshold(&self, event_type: EventType) -> (u32, f64) {
+        let config: serde_json::Value = self
+            .thresholds
+            .as_deref()
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or_default();
+        let field =
+            |name: &str, default: f64| config.get(name).and_then(|v| v.as_f64()).unwrap_or(default);
+        let window = |name: &str| {
+            config
+                .get(name)
+                .and_then(|v| v.as_u64())
+                .map_or(300, |w| w as u32)
+        };
+        match event_type {
+            EventType::BudgetBurnRateAnomaly => (
+                window("burn_rate_window_seconds"),
+                field("burn_rate_multiplier", 3.0),
+            ),
+            EventType::ReservationDenialRateSpike => (
+                window("rate_window_seconds"),
+                field("denial_rate_threshold", 0.10),
+            ),
+            EventType::ReservationExpiryRateSpike => (
+                window("rate_window_seconds"),
+                field("expiry_rate_threshold", 0.05),
+            ),
+            EventType::ApiKeyAuthFailureRateSpike => (
+                window("rate_window_seconds"),
+                field("auth_failure_rate_threshold", 0.10),
+            ),
+            _ => (HIGH_LATENCY_WINDOW_S, 0.0),
+        }
+    }
+
     /// True when `event` is for this subscription: its type or category is selected, its
-    /// scope passes the filter, and a threshold crossing is at one of the subscription's
-    /// own levels.
+    /// scope passes the filter, a threshold crossing is at one of the subscription's own
+    /// levels, and a detected anomaly was measured over the subscription's window and
+    /// reached its threshold.
     pub fn wants_event(&self, event: &crate::Event) -> bool {
-        self.wants(event.event_type, event.scope.as_deref())
-            && (event.event_type != EventType::BudgetThresholdCrossed
-                || event
-                    .threshold_level()
-                    .is_some_and(|level| self.utilization_levels().contains(&level)))
+        if !self.wants(event.event_type, event.scope.as_deref()) {
+            return false;
+        }
+        match event.event_type {
+            EventType::BudgetThresholdCrossed => event
+                .threshold_level()
+                .is_some_and(|level| self.utilization_levels().contains(&level)),
+            EventType::SystemHighLatency => true,
+            t if crate::apply::DETECTED_TYPES.contains(&t) => {
+                let (window, threshold) = self.detector_threshold(t);
+                event
+                    .measured()
+                    .is_some_and(|(w, value)| w == window && value >= threshold)
+            }
+            _ => true,
+        }
     }
 }
 
@@ -257,6 +312,93 @@ mod tests {
         let delays: Vec<u64> = (1..=5).map(|n| p.delay_ms(n)).collect();
         assert_eq!(delays, [1_000, 2_000, 4_000, 8_000, 16_000]);
         assert_eq!(p.delay_ms(10), 60_000, "capped at max_delay_ms");
+    }
+
+    fn subscription(event_types: Vec<EventType>, thresholds: Option<&str>) -> WebhookSubscription {
+        WebhookSubscription {
+            subscription_id: "whsub_1".into(),
+            tenant_id: "acme".into(),
+            name: None,
+            description: None,
+            url: "https://hooks.example.com/x".into(),
+            event_types,
+            event_categories: Vec::new(),
+            scope_filter: None,
+            thresholds: thresholds.map(str::to_string),
+            sealed_secret: String::new(),
+            headers: Vec::new(),
+            status: WebhookStatus::Active,
+            retry_policy: RetryPolicy::default(),
+            disable_after_failures: DEFAULT_DISABLE_AFTER_FAILURES,
+            consecutive_failures: 0,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            last_triggered_at_ms: None,
+            last_success_at_ms: None,
+            last_failure_at_ms: None,
+            metadata: None,
+        }
+    }
+
+    fn event(event_type: EventType, data: serde_json::Value) -> crate::Event {
+        crate::Event {
+            event_id: crate::Event::id_of(1),
+            event_type,
+            timestamp_ms: 0,
+            tenant_id: "acme".into(),
+            scope: Some("tenant:acme".into()),
+            actor: crate::EventActor {
+                kind: crate::ActorKind::System,
+                key_id: None,
+                source_ip: None,
+            },
+            source: "anomaly-detector".into(),
+            data: data.to_string(),
+            correlation_id: None,
+            request_id: None,
+            trace_id: None,
+        }
+    }
+
+    #[test]
+    fn detected_anomalies_reach_the_windows_and_thresholds_subscribed() {
+        let denial = EventType::ReservationDenialRateSpike;
+        let spike = |rate: f64, window: u32| {
+            event(
+                denial,
+                serde_json::json!({"current_rate": rate, "window_seconds": window}),
+            )
+        };
+        // The spec's defaults: a 300 s window, 0.10 of decisions.
+        let defaults = subscription(vec![denial], None);
+        assert_eq!(defaults.detector_threshold(denial), (300, 0.10));
+        assert!(defaults.wants_event(&spike(0.10, 300)));
+        assert!(
+            !defaults.wants_event(&spike(0.09, 300)),
+            "under the threshold"
+        );
+        assert!(!defaults.wants_event(&spike(0.5, 60)), "another window");
+        let strict = subscription(
+            vec![denial],
+            Some(r#"{"denial_rate_threshold": 0.5, "rate_window_seconds": 60}"#),
+        );
+        assert!(strict.wants_event(&spike(0.5, 60)));
+        assert!(!strict.wants_event(&spike(0.4, 60)));
+        assert!(!strict.wants_event(&spike(0.9, 300)));
+
+        let burn = EventType::BudgetBurnRateAnomaly;
+        let anomaly = |multiplier: f64| {
+            event(
+                burn,
+                serde_json::json!({"multiplier": multiplier, "window_seconds": 300}),
+            )
+        };
+        let watcher = subscription(vec![burn], Some(r#"{"burn_rate_multiplier": 5.0}"#));
+        assert_eq!(watcher.detector_threshold(burn), (300, 5.0));
+        assert!(watcher.wants_event(&anomaly(5.0)));
+        assert!(!watcher.wants_event(&anomaly(4.9)));
+        // A payload without its measure reaches nobody who set a threshold on it.
+        assert!(!watcher.wants_event(&event(burn, serde_json::json!({}))));
     }
 
     #[test]

@@ -59,6 +59,20 @@ pub struct ApiError {
     pub details: Option<Value>,
 }
 
+impl ErrorCode {
+    /// Whether this is a budget's refusal of a reservation (what a denial rate counts).
+    pub fn is_denial(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::BudgetExceeded
+                | ErrorCode::BudgetFrozen
+                | ErrorCode::BudgetClosed
+                | ErrorCode::OverdraftLimitExceeded
+                | ErrorCode::DebtOutstanding
+        )
+    }
+}
+
 impl ApiError {
     pub fn new(status: u16, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {

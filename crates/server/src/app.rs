@@ -12,6 +12,7 @@ use crate::origin;
 use crate::webhooks::{DispatchCounters, Webhooks};
 
 use crate::auth::AdminKey;
+use crate::detector::Detector;
 use crate::jobs::SweepCounters;
 use crate::limits::Bounds;
 use crate::load::LoadTracker;
@@ -29,6 +30,7 @@ pub struct App {
     webhooks: Arc<Webhooks>,
     dispatch_counters: Arc<DispatchCounters>,
     bounds: Arc<Bounds>,
+    detector: Arc<Detector>,
 }
 
 impl App {
@@ -39,6 +41,7 @@ impl App {
         audit_unauthenticated_per_minute: u32,
         webhooks: Arc<Webhooks>,
         bounds: Arc<Bounds>,
+        detector: Arc<Detector>,
     ) -> Self {
         App {
             store,
@@ -51,6 +54,7 @@ impl App {
             webhooks,
             dispatch_counters: Arc::default(),
             bounds,
+            detector,
         }
     }
 
@@ -67,6 +71,35 @@ impl App {
     /// The limits on connections and requests, what they share and how often they bit.
     pub fn bounds(&self) -> &Arc<Bounds> {
         &self.bounds
+    }
+
+    /// The anomaly detector's counts (shared with its task).
+    pub fn detector(&self) -> &Arc<Detector> {
+        &self.detector
+    }
+
+    /// Counts a reservation decision for the detector: an answer (`denied` says whether it
+    /// was a DENY), or a refusal by a budget.
+    pub fn note_decision<T>(
+        &self,
+        ran: &Result<(T, Option<Arc<str>>), Failure>,
+        denied: impl FnOnce(&T) -> bool,
+    ) {
+        match ran {
+            Ok((output, Some(tenant))) => self.detector.decided(tenant, denied(output)),
+            Err(Failure {
+                error,
+                tenant: Some(tenant),
+            }) if error.code.is_denial() => self.detector.decided(tenant, true),
+            _ => {}
+        }
+    }
+
+    /// Counts a commit or a release for the detector's expiry rate.
+    pub fn note_settled<T>(&self, ran: &Result<(T, Option<Arc<str>>), Failure>) {
+        if let Ok((_, Some(tenant))) = ran {
+            self.detector.settled(tenant, 0, 1);
+        }
     }
 
     /// The budget of unauthenticated refusals' audit entries (see [`UnauthenticatedBudget`]).

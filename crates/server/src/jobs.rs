@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{Maintain, Maintained};
+
+use crate::detector::Detector;
 use store::{Engine, Load, Store};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -42,6 +44,7 @@ impl Sweeper {
 pub fn spawn_sweeper(
     store: Arc<Engine>,
     counters: Arc<SweepCounters>,
+    detector: Arc<Detector>,
     interval: Duration,
 ) -> Sweeper {
     let (stop, mut stopped) = watch::channel(false);
@@ -63,9 +66,13 @@ pub fn spawn_sweeper(
                 match reply.map(|r| r.result) {
                     Ok(Ok(Maintained {
                         expired,
+                        expired_by_tenant,
                         keys_expired,
                         evicted,
                     })) => {
+                        for (tenant, n) in &expired_by_tenant {
+                            detector.settled(tenant, *n, 0);
+                        }
                         counters
                             .expired
                             .fetch_add(expired as u64, Ordering::Relaxed);

@@ -32,6 +32,7 @@ mod auth;
 mod conn;
 pub mod correlation;
 mod dashboard;
+mod detector;
 mod ids;
 mod jobs;
 mod limits;
@@ -55,6 +56,7 @@ use tokio::net::TcpListener;
 
 pub use app::App;
 pub use dashboard::Dashboard;
+pub use detector::DetectorOptions;
 pub use ids::new_key_secret;
 pub use limits::Limits;
 pub use ratelimit::RateLimit;
@@ -82,6 +84,8 @@ pub struct ServerOptions {
     pub webhook_keys: Vec<[u8; 32]>,
     /// Bounds on connections, headers, bodies and requests in flight.
     pub limits: Limits,
+    /// The anomaly detector's tick and latency threshold.
+    pub detector: DetectorOptions,
 }
 
 /// A server bound to its address, ready to run.
@@ -105,6 +109,7 @@ impl BoundServer {
                 options.audit_unauthenticated_per_minute,
                 Arc::new(webhooks::Webhooks::new(&options.webhook_keys)),
                 Arc::new(limits::Bounds::new(options.limits)),
+                Arc::new(detector::Detector::new(options.detector)),
             )),
             sweep_interval: options.sweep_interval,
             rate_limit: options.rate_limit,
@@ -122,8 +127,11 @@ impl BoundServer {
         let sweeper = jobs::spawn_sweeper(
             self.app.store().clone(),
             self.app.sweep_counters().clone(),
+            self.app.detector().clone(),
             self.sweep_interval,
         );
+        let detector =
+            detector::spawn_detector(self.app.store().clone(), self.app.detector().clone());
         let dispatcher = webhooks::spawn_dispatcher(
             self.app.store().clone(),
             self.app.webhooks().clone(),
@@ -132,6 +140,7 @@ impl BoundServer {
         let router = routes::router(self.app.clone(), self.rate_limit, self.dashboard);
         let served = conn::serve(self.listener, router, self.app.bounds().clone(), shutdown).await;
         sweeper.stop().await;
+        detector.stop().await;
         dispatcher.stop().await;
         self.app.store().shutdown().await;
         served

@@ -1,6 +1,9 @@
 //! Background maintenance: expiry of lapsed reservations and of keys, and eviction past
 //! retention.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use crate::{state::Evictable, Effect, Rejection};
 
 use super::lifecycle::Returns;
@@ -15,9 +18,11 @@ pub struct Maintain {
 }
 
 /// What a maintenance pass did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Maintained {
     pub expired: usize,
+    /// The reservations expired, by tenant (for the detector's expiry rates).
+    pub expired_by_tenant: Vec<(Arc<str>, usize)>,
     pub keys_expired: usize,
     pub evicted: usize,
 }
@@ -26,11 +31,12 @@ operation!(Maintain => Maintained, maintain);
 
 impl Tx<'_> {
     fn maintain(&mut self, op: Maintain) -> Result<Maintained, Rejection> {
-        let expired = self.expire_due(op.limit)?;
+        let expired_by_tenant = self.expire_due(op.limit)?;
         let keys_expired = self.expire_keys(op.limit);
         let evicted = self.evict_stale(op.limit);
         Ok(Maintained {
-            expired,
+            expired: expired_by_tenant.iter().map(|(_, n)| n).sum(),
+            expired_by_tenant,
             keys_expired,
             evicted,
         })
@@ -38,7 +44,7 @@ impl Tx<'_> {
 
     /// Expires the due reservations, staging each changed budget once (a batch of expiries
     /// on one shared budget would otherwise journal that budget once per reservation).
-    fn expire_due(&mut self, limit: usize) -> Result<usize, Rejection> {
+    fn expire_due(&mut self, limit: usize) -> Result<Vec<(Arc<str>, usize)>, Rejection> {
         let (state, now) = (self.state, self.now);
         let due = state
             .expiry_index
@@ -46,7 +52,7 @@ impl Tx<'_> {
             .take_while(|(deadline, _)| *deadline < now)
             .take(limit);
         let mut returns = Returns::default();
-        let mut expired = 0;
+        let mut expired: BTreeMap<Arc<str>, usize> = BTreeMap::new();
         for (_, id) in due {
             let Some(r) = state.reservations.get(&**id) else {
                 continue;
@@ -59,11 +65,11 @@ impl Tx<'_> {
                     at_ms: now,
                 });
                 self.expired_event(r);
-                expired += 1;
+                *expired.entry(r.tenant_id.clone()).or_default() += 1;
             }
         }
         self.put_budgets(Cause::System, returns.into_budgets())?;
-        Ok(expired)
+        Ok(expired.into_iter().collect())
     }
 
     /// Evicts the records whose retention has passed.

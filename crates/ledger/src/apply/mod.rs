@@ -12,6 +12,7 @@ mod auth;
 mod budgets;
 mod bulk;
 mod decide;
+mod detect;
 mod emit;
 mod events;
 mod lifecycle;
@@ -39,6 +40,7 @@ pub use budgets::{
 };
 pub use bulk::{BulkBudgets, BulkTenants, BulkWebhooks, WebhookAction, BULK_LIMIT};
 pub use decide::Decide;
+pub use detect::{Anomaly, AnomalyWatch, EmitAnomalies, Watch, WatchAnomalies, DETECTED_TYPES};
 pub(crate) use emit::Cause;
 pub use emit::NewEvent;
 pub use events::RecordEvent;

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
+use ledger::Decision;
 use protocol::runtime::{DecisionRequest, DecisionResponse, IdempotencyHeader};
 use protocol::Plane;
 use utoipa_axum::router::OpenApiRouter;
@@ -14,7 +14,7 @@ use crate::app::App;
 use crate::auth::{self, Headers};
 use crate::openapi::{BadRequest, Conflict, Errors, Forbidden};
 use crate::reply::{tenant_json, Answer};
-use crate::routes::body::keyed_body;
+use crate::routes::body::{keyed_body, RawBody};
 
 pub fn routes() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new().routes(routes!(decide))
@@ -34,10 +34,16 @@ pub fn routes() -> OpenApiRouter<Arc<App>> {
     ),
     security(("ApiKeyAuth" = [])),
 )]
-pub async fn decide(State(app): State<Arc<App>>, Headers(headers): Headers, body: Bytes) -> Answer {
+pub async fn decide(
+    State(app): State<Arc<App>>,
+    Headers(headers): Headers,
+    RawBody(body): RawBody,
+) -> Answer {
     let actor = auth::tenant(&headers)?;
     let request: DecisionRequest = keyed_body(&app, &actor, &headers, &body).await?;
-    let (decided, tenant) = app.run(request.into_command(actor), Plane::Runtime).await?;
+    let ran = app.run(request.into_command(actor), Plane::Runtime).await;
+    app.note_decision(&ran, |d| d.result.decision == Decision::Deny);
+    let (decided, tenant) = ran?;
     tenant_json(
         StatusCode::OK,
         &DecisionResponse::from(&*decided.result),

@@ -14,7 +14,7 @@ use protocol::{ApiError, ErrorCode};
 use store::Store;
 
 use crate::app::App;
-use crate::auth::{self, Headers};
+use crate::auth::{self, Headers, ADMIN_KEY_HEADER, API_KEY_HEADER};
 use crate::limits::LimitCounters;
 use crate::metrics::{method_name, render};
 use crate::ratelimit::RESET_HEADER;
@@ -29,6 +29,9 @@ pub async fn observe(app: &App, request: Request, next: Next) -> Response {
     let method = method_name(request.method());
     // A clone of the matched path shares its string: no allocation.
     let route = request.extensions().get::<MatchedPath>().cloned();
+    let headers = request.headers();
+    let presented_credential =
+        headers.contains_key(API_KEY_HEADER) || headers.contains_key(ADMIN_KEY_HEADER);
     let response = {
         let counted = app.load().enter(started);
         let bounds = app.bounds();
@@ -52,12 +55,19 @@ pub async fn observe(app: &App, request: Request, next: Next) -> Response {
             }
         }
     };
+    let elapsed = started.elapsed();
+    let status = response.status().as_u16();
     app.http_metrics().record(
         method,
         route.as_ref().map_or("unmatched", |p| p.as_str()),
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
+        status,
+        elapsed.as_secs_f64(),
     );
+    let detector = app.detector();
+    detector.answered(elapsed);
+    if presented_credential {
+        detector.authenticated(status == 401);
+    }
     response
 }
 
@@ -192,6 +202,19 @@ pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> 
         value: dispatch.failed_attempts.load(std::sync::atomic::Ordering::Relaxed),
     });
     counters.extend(limit_metrics(&app.bounds().counters));
+    let detector = app.detector();
+    counters.push(store::Metric {
+        name: "cycles_anomaly_ticks_total",
+        help: "Times the anomaly detector closed its windows and looked for anomalies.",
+        counter: true,
+        value: detector.ticks.load(std::sync::atomic::Ordering::Relaxed),
+    });
+    counters.push(store::Metric {
+        name: "cycles_anomalies_emitted_total",
+        help: "Burn-rate anomalies, rate spikes and high-latency events the detector emitted.",
+        counter: true,
+        value: detector.emitted.load(std::sync::atomic::Ordering::Relaxed),
+    });
     let body = render(
         app.http_metrics(),
         app.load().in_flight(),

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use ledger::{Actor, GetReservation, Operation};
+use ledger::{Actor, Decision, GetReservation, Operation};
 use protocol::listing::{
     encode_list_cursor, ReservationListParams, ReservationListResponse, ReservationSummary,
 };
@@ -66,7 +66,9 @@ pub async fn create_reservation(
     let actor = auth::tenant(&headers)?;
     let request: ReservationCreateRequest = keyed_body(&app, &actor, &headers, &body).await?;
     let operation = request.into_command(actor, ids::reservation_id());
-    let (reserved, tenant) = app.run(operation, Plane::Runtime).await?;
+    let ran = app.run(operation, Plane::Runtime).await;
+    app.note_decision(&ran, |r| r.once.result.decision == Decision::Deny);
+    let (reserved, tenant) = ran?;
     let response = json(
         StatusCode::OK,
         &ReservationCreateResponse::new(&reserved.once.result, reserved.remaining_ttl_ms),
@@ -135,9 +137,9 @@ impl OnReservation {
 )]
 pub async fn commit(State(app): State<Arc<App>>, request: OnReservation) -> Answer {
     let actor = auth::tenant(&request.headers)?;
-    let (committed, tenant) = request
-        .run(&app, actor, CommitRequest::into_command)
-        .await?;
+    let ran = request.run(&app, actor, CommitRequest::into_command).await;
+    app.note_settled(&ran);
+    let (committed, tenant) = ran?;
     let response = CommitResponse::from(&*committed.result);
     tenant_json(StatusCode::OK, &response, tenant)
 }
@@ -157,9 +159,9 @@ pub async fn commit(State(app): State<Arc<App>>, request: OnReservation) -> Answ
 )]
 pub async fn release(State(app): State<Arc<App>>, request: OnReservation) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &request.headers)?;
-    let (released, tenant) = request
-        .run(&app, actor, ReleaseRequest::into_command)
-        .await?;
+    let ran = request.run(&app, actor, ReleaseRequest::into_command).await;
+    app.note_settled(&ran);
+    let (released, tenant) = ran?;
     let response = ReleaseResponse::from(&*released.result);
     tenant_json(StatusCode::OK, &response, tenant)
 }

@@ -11,6 +11,7 @@ mod admin;
 mod audit;
 mod concurrency;
 mod dashboard;
+mod detector;
 mod errors;
 mod expiry;
 mod governance;

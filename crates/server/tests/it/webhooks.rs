@@ -40,13 +40,13 @@ const USD: &str = "USD_MICROCENTS";
 
 /// A webhook receiver on a loopback port: records every request, answers `status`.
 #[derive(Clone, Default)]
-struct Receiver {
+pub(crate) struct Receiver {
     got: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
     status: Arc<AtomicU16>,
 }
 
 impl Receiver {
-    async fn start() -> (Receiver, String) {
+    pub(crate) async fn start() -> (Receiver, String) {
         let receiver = Receiver::default();
         receiver.status.store(200, Ordering::SeqCst);
         let app = axum::Router::new()
@@ -58,7 +58,7 @@ impl Receiver {
         (receiver, format!("http://{addr}/hook"))
     }
 
-    fn received(&self) -> Vec<(HeaderMap, Value)> {
+    pub(crate) fn received(&self) -> Vec<(HeaderMap, Value)> {
         self.got
             .lock()
             .unwrap()
@@ -68,7 +68,7 @@ impl Receiver {
     }
 
     /// Waits until `n` requests came in (the dispatcher polls every 50 ms).
-    async fn wait_for(&self, n: usize) -> Vec<(HeaderMap, Value)> {
+    pub(crate) async fn wait_for(&self, n: usize) -> Vec<(HeaderMap, Value)> {
         for _ in 0..200 {
             if self.got.lock().unwrap().len() >= n {
                 break;
@@ -98,7 +98,7 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
 
 /// Lets the tests' loopback receiver through the SSRF guard, as an operator's development
 /// setup would: by the configuration endpoint, nothing hidden.
-async fn allow_loopback(s: &TestServer) {
+pub(crate) async fn allow_loopback(s: &TestServer) {
     let r = s
         .send(
             Method::PUT,
@@ -111,7 +111,7 @@ async fn allow_loopback(s: &TestServer) {
 }
 
 /// Events of the admin event log matching `query`, oldest first.
-async fn events(s: &TestServer, query: &str) -> Vec<Value> {
+pub(crate) async fn events(s: &TestServer, query: &str) -> Vec<Value> {
     let r = s
         .get(&format!("/v1/admin/events?sort_dir=asc&{query}"), As::Admin)
         .await;
@@ -125,7 +125,7 @@ fn types(events: &[Value]) -> Vec<&str> {
         .collect()
 }
 
-async fn create_webhook(s: &TestServer, tenant: Option<&str>, body: Value) -> Value {
+pub(crate) async fn create_webhook(s: &TestServer, tenant: Option<&str>, body: Value) -> Value {
     let path = match tenant {
         Some(t) => format!("/v1/admin/webhooks?tenant_id={t}"),
         None => "/v1/admin/webhooks".into(),
@@ -136,7 +136,7 @@ async fn create_webhook(s: &TestServer, tenant: Option<&str>, body: Value) -> Va
         .clone()
 }
 
-async fn deliveries(s: &TestServer, id: &str) -> Vec<Value> {
+pub(crate) async fn deliveries(s: &TestServer, id: &str) -> Vec<Value> {
     let r = s
         .get(&format!("/v1/admin/webhooks/{id}/deliveries"), As::Admin)
         .await;

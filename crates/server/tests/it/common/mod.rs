@@ -177,6 +177,11 @@ impl TestServer {
             audit_unauthenticated_per_minute: 0,
             webhook_keys: Vec::new(),
             limits: server::Limits::default(),
+            // Ticks often, so tests wait for windows to close in milliseconds.
+            detector: server::DetectorOptions {
+                tick: Duration::from_millis(20),
+                ..server::DetectorOptions::default()
+            },
         };
         configure(&mut options);
         let bound = BoundServer::bind(store, options).await.expect("bind");
