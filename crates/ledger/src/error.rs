@@ -60,6 +60,14 @@ pub enum Rejection {
     Overflow,
     #[error("Internal error: {0}")]
     Internal(String),
+    /// A policy's `rate_limits` are spent for the current minute.
+    #[error("Policy {policy_id} allows {limit} {kind} per minute; retry in {retry_after_ms} ms")]
+    RateLimited {
+        policy_id: String,
+        kind: &'static str,
+        limit: i64,
+        retry_after_ms: i64,
+    },
     /// A bulk action's filter matched more rows than one action may change.
     #[error("The filter matches {matched} rows; a bulk action changes at most {limit}")]
     TooManyMatches { matched: u64, limit: u64 },

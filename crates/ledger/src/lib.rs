@@ -46,14 +46,18 @@ pub use history::{
 pub use idempotency::{Endpoint, IdemKey, IdemRecord};
 pub use inventory::Counts;
 pub use listing::{position, Position, SortBy, SortValue};
-pub use policy::{pattern_matches, Caps, Policy, PolicyStatus, RateLimits, TtlOverride};
+pub use policy::{
+    pattern_matches, Caps, Policy, PolicyStatus, RateCount, RateKey, RateKind, RateLimits,
+    TtlOverride, MINUTE_MS,
+};
 pub use reservation::{Action, Reservation, ReservationStatus};
 pub use results::*;
 pub use scope::{
     derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
 };
 pub use state::{
-    Effect, SnapshotData, SnapshotSource, SnapshotV1, State, Violation, TERMINAL_RETENTION_MS,
+    Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, State, Violation,
+    TERMINAL_RETENTION_MS,
 };
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
 pub use time::{format_rfc3339, parse_rfc3339};

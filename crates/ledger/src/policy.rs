@@ -24,12 +24,58 @@ pub struct TtlOverride {
     pub max_extensions: Option<u32>,
 }
 
-/// Recorded and returned; not enforced (the server's per-key rate limit is what throttles).
+/// How many reservations a policy admits, and commits it settles, in each minute (UTC clock
+/// minutes) across all the scopes it governs; enforced by [`RateCount`]s.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RateLimits {
     pub max_reservations_per_minute: Option<i64>,
     pub max_commits_per_minute: Option<i64>,
 }
+
+impl RateLimits {
+    /// The limit on `kind` per minute, if one is set.
+    pub fn per_minute(&self, kind: RateKind) -> Option<i64> {
+        match kind {
+            RateKind::Reserve => self.max_reservations_per_minute,
+            RateKind::Commit => self.max_commits_per_minute,
+        }
+    }
+}
+
+/// What a policy's `rate_limits` count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum RateKind {
+    Reserve,
+    Commit,
+}
+
+impl RateKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateKind::Reserve => "reservations",
+            RateKind::Commit => "commits",
+        }
+    }
+}
+
+/// Whose count a [`RateCount`] is: one policy's, of one kind.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RateKey {
+    pub tenant_id: String,
+    pub policy_id: String,
+    pub kind: RateKind,
+}
+
+/// How many a policy counted in one clock minute (`minute`: milliseconds since the epoch
+/// divided by 60 000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateCount {
+    pub minute: i64,
+    pub count: u64,
+}
+
+/// One minute, in milliseconds.
+pub const MINUTE_MS: Millis = 60_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PolicyStatus {

@@ -14,8 +14,8 @@ use crate::inventory::Inventory;
 use crate::listing::ListIndex;
 use crate::{
     Action, ApiKey, ApiKeyStatus, AuditEntry, Budget, BudgetKey, Delivery, Event, EventType,
-    IdemKey, IdemRecord, Level, Millis, Policy, Reservation, ReservationStatus, Tenant,
-    WebhookSecurity, WebhookSubscription, DEFAULT_UTILIZATION_LEVELS,
+    IdemKey, IdemRecord, Level, Millis, Policy, RateCount, RateKey, Reservation, ReservationStatus,
+    Tenant, WebhookSecurity, WebhookSubscription, DEFAULT_UTILIZATION_LEVELS,
 };
 
 /// How long a settled or expired reservation stays readable (and its commit/release
@@ -56,6 +56,8 @@ pub enum Effect {
     /// A delivery created or attempted: kept in the state while it is due, dropped from it
     /// once final (the history store keeps every version).
     PutDelivery(Arc<Delivery>),
+    /// A policy's count of reservations or commits in the current minute (`rate_limits`).
+    PutRateCount(RateKey, RateCount),
 }
 
 /// Something that is due for eviction at a time.
@@ -109,6 +111,9 @@ pub struct State {
     pub(crate) placements: RefCell<Recent<Placement>>,
     pub(crate) actions: RefCell<Recent<Arc<Action>>>,
     pub(crate) webhooks: WebhookState,
+    /// Each rate-limited policy's count in its latest minute: one entry per policy and kind
+    /// that counted something, never more.
+    pub(crate) rate_counts: OrdMap<RateKey, RateCount>,
 }
 
 /// The webhook part of the state: subscriptions, the deliveries still due, the security
@@ -174,6 +179,44 @@ pub struct SnapshotData {
     pub deliveries: Vec<Delivery>,
     pub last_event: u64,
     pub last_delivery: u64,
+    // Since format 3 (see [`SnapshotV2`]).
+    pub rate_counts: Vec<(RateKey, RateCount)>,
+}
+
+/// The persistent state as format 2 wrote it, before policies' rate counts: read from
+/// older snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotV2 {
+    pub tenants: Vec<Tenant>,
+    pub api_keys: Vec<ApiKey>,
+    pub budgets: Vec<Budget>,
+    pub policies: Vec<Policy>,
+    pub reservations: Vec<Reservation>,
+    pub idempotency: Vec<(IdemKey, IdemRecord)>,
+    pub webhooks: Vec<WebhookSubscription>,
+    pub webhook_security: Option<WebhookSecurity>,
+    pub deliveries: Vec<Delivery>,
+    pub last_event: u64,
+    pub last_delivery: u64,
+}
+
+impl From<SnapshotV2> for SnapshotData {
+    fn from(v2: SnapshotV2) -> Self {
+        SnapshotData {
+            tenants: v2.tenants,
+            api_keys: v2.api_keys,
+            budgets: v2.budgets,
+            policies: v2.policies,
+            reservations: v2.reservations,
+            idempotency: v2.idempotency,
+            webhooks: v2.webhooks,
+            webhook_security: v2.webhook_security,
+            deliveries: v2.deliveries,
+            last_event: v2.last_event,
+            last_delivery: v2.last_delivery,
+            rate_counts: Vec::new(),
+        }
+    }
 }
 
 /// The persistent state as format 1 wrote it, before webhooks: read from older snapshots.
@@ -215,6 +258,7 @@ pub struct SnapshotSource {
     deliveries: OrdMap<String, Arc<Delivery>>,
     last_event: u64,
     last_delivery: u64,
+    rate_counts: OrdMap<RateKey, RateCount>,
 }
 
 /// Serializes exactly as [`SnapshotData`] does (the same fields, in the same order), straight
@@ -222,7 +266,7 @@ pub struct SnapshotSource {
 impl Serialize for SnapshotSource {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("SnapshotData", 11)?;
+        let mut s = serializer.serialize_struct("SnapshotData", 12)?;
         s.serialize_field(
             "tenants",
             &Seq(self.tenants.len(), || self.tenants.values()),
@@ -262,6 +306,10 @@ impl Serialize for SnapshotSource {
         )?;
         s.serialize_field("last_event", &self.last_event)?;
         s.serialize_field("last_delivery", &self.last_delivery)?;
+        s.serialize_field(
+            "rate_counts",
+            &Seq(self.rate_counts.len(), || self.rate_counts.iter()),
+        )?;
         s.end()
     }
 }
@@ -303,6 +351,11 @@ impl SnapshotSource {
             deliveries: self.deliveries.values().map(|d| (**d).clone()).collect(),
             last_event: self.last_event,
             last_delivery: self.last_delivery,
+            rate_counts: self
+                .rate_counts
+                .iter()
+                .map(|(k, c)| (k.clone(), *c))
+                .collect(),
         }
     }
 }
@@ -387,6 +440,9 @@ impl State {
             Effect::PutPolicy(p) => {
                 self.policies
                     .insert((p.tenant_id.clone(), p.policy_id.clone()), p.clone());
+            }
+            Effect::PutRateCount(key, count) => {
+                self.rate_counts.insert(key.clone(), *count);
             }
             Effect::PutReservation(r) => self.put_reservation(r),
             Effect::PutIdempotency(k, rec) => {
@@ -587,6 +643,7 @@ impl State {
             deliveries: self.webhooks.due.clone(),
             last_event: self.webhooks.last_event,
             last_delivery: self.webhooks.last_delivery,
+            rate_counts: self.rate_counts.clone(),
         }
     }
 
@@ -618,6 +675,9 @@ impl State {
         }
         for d in data.deliveries {
             state.apply_effect(&Effect::PutDelivery(Arc::new(d)));
+        }
+        for (key, count) in data.rate_counts {
+            state.apply_effect(&Effect::PutRateCount(key, count));
         }
         state.webhooks.last_event = state.webhooks.last_event.max(data.last_event);
         state.webhooks.last_delivery = state.webhooks.last_delivery.max(data.last_delivery);

@@ -57,6 +57,9 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub details: Option<Value>,
+    /// Seconds after which a retry may succeed: answered as `Retry-After` (and, on a 429,
+    /// as `X-RateLimit-Reset`), not in the body.
+    pub retry_after_s: Option<u64>,
 }
 
 impl ErrorCode {
@@ -80,7 +83,14 @@ impl ApiError {
             code,
             message: message.into(),
             details: None,
+            retry_after_s: None,
         }
+    }
+
+    /// This error, answered with `Retry-After: seconds`.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -137,6 +147,14 @@ impl ApiError {
             Rejection::Internal(_) => (500, C::InternalError),
             Rejection::TooManyMatches { .. } => (400, C::LimitExceeded),
             Rejection::CountMismatch { .. } => (409, C::CountMismatch),
+            Rejection::RateLimited { .. } => (429, C::LimitExceeded),
+        };
+        let retry_after_s = match &rejection {
+            // Whole seconds, rounded up: a retry at the instant given is never early.
+            Rejection::RateLimited { retry_after_ms, .. } => {
+                Some(((*retry_after_ms).max(0) as u64).div_ceil(1000).max(1))
+            }
+            _ => None,
         };
         let details = match rejection {
             Rejection::UnitMismatch {
@@ -155,6 +173,14 @@ impl ApiError {
             Rejection::CountMismatch { matched, expected } => {
                 Some(json!({"total_matched": matched, "expected_count": expected}))
             }
+            Rejection::RateLimited {
+                ref policy_id,
+                kind,
+                limit,
+                ..
+            } => Some(
+                json!({"policy_id": policy_id, "limit": limit, "per": "minute", "counts": kind}),
+            ),
             _ => None,
         };
         ApiError {
@@ -162,6 +188,7 @@ impl ApiError {
             code,
             message,
             details,
+            retry_after_s,
         }
     }
 }

@@ -45,9 +45,13 @@ commit the actual amount or release the hold.
 takes the operator's key in `X-Admin-API-Key`. Operations that list both accept either; when \
 `X-Admin-API-Key` is present it must be valid and is the one used.
 * **Errors.** Every error body is an `ErrorResponse`. Unknown routes answer 404 NOT_FOUND, \
-wrong methods 405 INVALID_REQUEST, bodies over {max_body_bytes} bytes 400 INVALID_REQUEST. When \
-per-credential rate limiting is configured, any `/v1` operation can answer 429 LIMIT_EXCEEDED; \
-when storage cannot take writes, 503 INTERNAL_ERROR (nothing was recorded).
+wrong methods 405 INVALID_REQUEST, bodies over {max_body_bytes} bytes 400 INVALID_REQUEST, \
+bodies that do not arrive in time 408 INVALID_REQUEST. Any `/v1` operation can answer 429 \
+LIMIT_EXCEEDED with `Retry-After` when its key is over its rate (if rate limiting is \
+configured) or has its share of requests in flight; a reserve or commit, when the policy \
+governing its scope has counted its `rate_limits` for the clock minute. When the server has \
+its maximum of requests in flight, 503 INTERNAL_ERROR with `Retry-After`; when storage \
+cannot take writes, 503 INTERNAL_ERROR (nothing was recorded).
 * **Correlation.** Every response carries `X-Request-Id` and `X-Cycles-Trace-Id` (taken from \
 a valid `traceparent`, else a valid inbound `X-Cycles-Trace-Id`, else generated).
 * **Bodies.** Request bodies reject unknown fields. Response bodies carry exactly the fields \

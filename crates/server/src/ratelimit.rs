@@ -12,14 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{header, HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use protocol::{ApiError, ErrorCode};
 use sha2::{Digest, Sha256};
 
 use crate::auth::{ADMIN_KEY_HEADER, API_KEY_HEADER};
-use crate::reply::Failure;
+use crate::reply::{Failure, RATE_LIMIT_RESET};
 
 /// Buckets kept at most; past this, full (idle) buckets are dropped first.
 const MAX_BUCKETS: usize = 100_000;
@@ -115,7 +115,6 @@ fn credential(request: &Request) -> [u8; 32] {
 }
 
 const REMAINING_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-pub const RESET_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: Next) -> Response {
     match limiter.take(credential(&request), Instant::now()) {
@@ -123,24 +122,18 @@ pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: 
             let mut response = next.run(request).await;
             let headers = response.headers_mut();
             headers.insert(REMAINING_HEADER, HeaderValue::from(remaining));
-            headers.insert(RESET_HEADER, HeaderValue::from(unix_now_s() + 1));
+            headers.insert(RATE_LIMIT_RESET, HeaderValue::from(unix_now_s() + 1));
             response
         }
-        Verdict::Limited { retry_after_s } => {
-            let mut response = Failure::from(ApiError::new(
+        Verdict::Limited { retry_after_s } => Failure::from(
+            ApiError::new(
                 429,
                 ErrorCode::LimitExceeded,
                 format!("Rate limit exceeded: retry after {retry_after_s} s"),
-            ))
-            .into_response();
-            let headers = response.headers_mut();
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
-            headers.insert(
-                RESET_HEADER,
-                HeaderValue::from(unix_now_s() + retry_after_s),
-            );
-            response
-        }
+            )
+            .retry_after(retry_after_s),
+        )
+        .into_response(),
     }
 }
 

@@ -32,6 +32,17 @@ impl IntoResponse for Failure {
         let status =
             StatusCode::from_u16(self.error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = status.into_response();
+        if let Some(seconds) = self.error.retry_after_s {
+            let headers = response.headers_mut();
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                let reset = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+                    + seconds;
+                headers.insert(RATE_LIMIT_RESET, HeaderValue::from(reset));
+            }
+        }
         // The correlation layer writes the body, with the request's ids.
         response.extensions_mut().insert(self.error);
         with_tenant(response, self.tenant.as_deref())
@@ -39,6 +50,9 @@ impl IntoResponse for Failure {
 }
 
 pub type Answer = Result<Response, Failure>;
+
+/// When a throttled client may try again, in Unix seconds (with a 429).
+pub const RATE_LIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// A JSON success body.
 pub fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {

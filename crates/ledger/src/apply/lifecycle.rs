@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use crate::{
     settle_commit, state::TERMINAL_RETENTION_MS, Balance, Budget, BudgetKey, CommitResult, Effect,
-    Endpoint, EventType, ExtendResult, IdemKey, Permission, Rejection, ReleaseResult, Reservation,
-    ReservationStatus, TenantStatus, Unit,
+    Endpoint, EventType, ExtendResult, IdemKey, Permission, RateKind, Rejection, ReleaseResult,
+    Reservation, ReservationStatus, TenantStatus, Unit,
 };
 
 use super::emit::{upper, NewEvent, RUNTIME_SOURCE, SWEEP_SOURCE};
@@ -184,6 +184,8 @@ impl Tx<'_> {
                 });
             }
             tx.refuse_if_lapsed(&r)?;
+            let governing = tx.governing_policy(&r.tenant_id, &r.scope_path);
+            tx.count_rate(Self::rate_limit(governing, RateKind::Commit))?;
             let charge = settle_commit(
                 &tx.held_budgets(&r)?,
                 r.estimate,

@@ -4,7 +4,7 @@ use std::ops::Bound;
 
 use crate::{
     pattern_matches, Caps, Effect, EventType, Millis, OveragePolicy, Permission, Policy,
-    PolicyStatus, RateLimits, Rejection, TtlOverride,
+    PolicyStatus, RateCount, RateKey, RateKind, RateLimits, Rejection, TtlOverride, MINUTE_MS,
 };
 
 use super::auth::scope_filter_allows;
@@ -229,6 +229,47 @@ impl Tx<'_> {
         ]);
         self.policy_event(&op.actor, EventType::PolicyUpdated, &p, fields);
         Ok(p)
+    }
+
+    /// Counts one of `kind` against the `rate_limits` of `policy` (the one governing the
+    /// request's scope), refusing it when the policy's count for this clock minute is
+    /// already at its limit. Staged like any effect, so a request refused for another reason
+    /// counts nothing, and a replay (which does not run its fresh path) nothing again.
+    pub(crate) fn count_rate(&mut self, limited: Option<(RateKey, i64)>) -> Result<(), Rejection> {
+        let Some((key, limit)) = limited else {
+            return Ok(());
+        };
+        let minute = self.now.div_euclid(MINUTE_MS);
+        let count = match self.state.rate_counts.get(&key) {
+            Some(c) if c.minute == minute => c.count,
+            _ => 0,
+        };
+        if count >= limit.max(0) as u64 {
+            return Err(Rejection::RateLimited {
+                policy_id: key.policy_id,
+                kind: key.kind.as_str(),
+                limit,
+                retry_after_ms: (minute + 1) * MINUTE_MS - self.now,
+            });
+        }
+        let counted = RateCount {
+            minute,
+            count: count + 1,
+        };
+        self.put(Effect::PutRateCount(key, counted));
+        Ok(())
+    }
+
+    /// The rate of `kind` that `policy` limits, and its limit (`None`: it sets none).
+    pub(crate) fn rate_limit(policy: Option<&Policy>, kind: RateKind) -> Option<(RateKey, i64)> {
+        let p = policy?;
+        let limit = p.rate_limits?.per_minute(kind)?;
+        let key = RateKey {
+            tenant_id: p.tenant_id.clone(),
+            policy_id: p.policy_id.clone(),
+            kind,
+        };
+        Some((key, limit))
     }
 
     /// The policy governing `scope_path` now: the highest priority among the tenant's

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::intern::Placement;
 use crate::{
     Action, Balance, Budget, Decision, Effect, Endpoint, IdemKey, OveragePolicy, Permission,
-    Rejection, Reservation, ReservationStatus, ReserveResult, Subject, Unit,
+    RateKind, Rejection, Reservation, ReservationStatus, ReserveResult, Subject, Unit,
 };
 
 use super::admission::{decision_with, Blocked};
@@ -148,6 +148,7 @@ impl Tx<'_> {
         // Borrowed, not cloned: only a few scalars and the caps are needed.
         let tenant = self.existing_tenant(tenant_id)?;
         let governing = self.governing_policy(tenant_id, &place.scope_path);
+        let rate = Self::rate_limit(governing, RateKind::Reserve);
         let limits = governing
             .and_then(|p| p.reservation_ttl_override)
             .unwrap_or_default();
@@ -169,6 +170,7 @@ impl Tx<'_> {
         for b in &mut budgets {
             b.hold(cmd.estimate)?;
         }
+        self.count_rate(rate)?;
         let reservation = Reservation {
             reservation_id: Arc::from(cmd.reservation_id.as_str()),
             tenant_id: tenant_id.clone(),

@@ -17,7 +17,6 @@ use crate::app::App;
 use crate::auth::{self, Headers, ADMIN_KEY_HEADER, API_KEY_HEADER};
 use crate::limits::LimitCounters;
 use crate::metrics::{method_name, render};
-use crate::ratelimit::RESET_HEADER;
 use crate::reply::{Answer, Failure};
 
 /// Runs the rest of the request, counted in flight, and records it by route and status. A
@@ -135,7 +134,7 @@ fn shed(limit: usize) -> Response {
     let error = ApiError::unavailable(format!(
         "The server is answering its limit of {limit} requests: retry shortly"
     ));
-    retry_after(Failure::from(error).into_response())
+    Failure::from(error.retry_after(1)).into_response()
 }
 
 /// The answer of a request over its credential's share of requests in flight.
@@ -145,21 +144,7 @@ fn over_share(limit: usize) -> Response {
         ErrorCode::LimitExceeded,
         format!("This key already has {limit} requests in flight: retry shortly"),
     );
-    let mut response = retry_after(Failure::from(error).into_response());
-    let reset = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() + 1);
-    response
-        .headers_mut()
-        .insert(RESET_HEADER, HeaderValue::from(reset));
-    response
-}
-
-fn retry_after(mut response: Response) -> Response {
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+    Failure::from(error.retry_after(1)).into_response()
 }
 
 /// `GET /metrics`: the admin key is required unless the operator made it public.

@@ -9,6 +9,7 @@ engine_tests!(
     priority_status_and_window_choose_the_policy,
     policy_sets_overage_and_ttl_limits,
     policy_crud_and_validation,
+    rate_limits_count_each_clock_minute,
 );
 
 async fn policy(s: &TestServer, who: As<'_>, body: Value) -> Value {
@@ -290,4 +291,95 @@ async fn policy_crud_and_validation(engine: Engine) {
         .await;
     assert_eq!(patched.expect(200, None)["priority"], 3);
     s.stop().await;
+}
+
+/// `rate_limits`: the reservations a policy admits and the commits it settles, across every
+/// scope it governs, at most so many per clock minute; over it, 429 `LIMIT_EXCEEDED` with
+/// `Retry-After` until the minute ends. A replay is not counted again, a refused request
+/// not at all, and other policies' scopes are not affected.
+async fn rate_limits_count_each_clock_minute(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000_000).await;
+    let limits = json!({"max_reservations_per_minute": 3, "max_commits_per_minute": 2});
+    let governing = policy(
+        &s,
+        As::Key(&key),
+        json!({"name": "agents", "scope_pattern": "tenant:acme/agent:*", "rate_limits": limits}),
+    )
+    .await;
+    // T0 starts a clock minute: all 60 s of it are left.
+    assert_eq!(T0 % 60_000, 0);
+    let reserve = |n: usize, agent: &str| {
+        reserve_body(
+            &format!("r{n}"),
+            json!({"tenant": "acme", "agent": agent}),
+            10,
+        )
+    };
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let agent = if n == 0 { "a" } else { "b" };
+        let r = s
+            .post("/v1/reservations", As::Key(&key), reserve(n, agent))
+            .await;
+        ids.push(
+            r.expect(200, None)["reservation_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    // A replay answers as before and counts nothing.
+    s.post("/v1/reservations", As::Key(&key), reserve(0, "a"))
+        .await
+        .expect(200, None);
+    let before = s.ledger("tenant:acme", "USD_MICROCENTS").await;
+    let refused = s
+        .post("/v1/reservations", As::Key(&key), reserve(3, "c"))
+        .await;
+    refused.expect(429, Some("LIMIT_EXCEEDED"));
+    assert_eq!(refused.header("retry-after"), Some("60"));
+    assert!(refused.header("x-ratelimit-reset").is_some());
+    let policy_id = governing["policy_id"].as_str().unwrap();
+    assert_eq!(refused.body["details"]["policy_id"], policy_id);
+    assert_eq!(refused.body["details"]["limit"], 3);
+    assert_eq!(
+        s.ledger("tenant:acme", "USD_MICROCENTS").await,
+        before,
+        "nothing held"
+    );
+    // A scope no rate-limited policy governs is not limited.
+    s.post(
+        "/v1/reservations",
+        As::Key(&key),
+        reserve_body("other", json!({"tenant": "acme", "workspace": "w"}), 10),
+    )
+    .await
+    .expect(200, None);
+
+    // Commits: two, then 429; the refused commit leaves its reservation ACTIVE.
+    let commit = |id: &str, n: usize| {
+        let body = json!({"idempotency_key": format!("c{n}"),
+                          "actual": {"unit": "USD_MICROCENTS", "amount": 5}});
+        (format!("/v1/reservations/{id}/commit"), body)
+    };
+    for (n, id) in ids.iter().enumerate().take(2) {
+        let (path, body) = commit(id, n);
+        s.post(&path, As::Key(&key), body).await.expect(200, None);
+    }
+    let (path, body) = commit(&ids[2], 2);
+    s.post(&path, As::Key(&key), body.clone())
+        .await
+        .expect(429, Some("LIMIT_EXCEEDED"));
+    let third = s
+        .get(&format!("/v1/reservations/{}", ids[2]), As::Key(&key))
+        .await;
+    assert_eq!(third.expect(200, None)["status"], "ACTIVE");
+
+    // The next minute starts the counts afresh.
+    s.advance(60_000);
+    s.post(&path, As::Key(&key), body).await.expect(200, None);
+    s.post("/v1/reservations", As::Key(&key), reserve(3, "c"))
+        .await
+        .expect(200, None);
 }

@@ -4,21 +4,24 @@
 //! File = `CYCS`, format version (u32 LE), last journal seq covered (u64 LE), payload length
 //! (u64 LE), CRC32C of the payload (u32 LE), payload (postcard-encoded [`SnapshotData`]).
 //!
-//! Version 2 added the webhook state at the end of the payload; a version-1 snapshot is
-//! still read (as [`SnapshotV1`], with no webhooks). The journal's format is unchanged: new
+//! Version 2 added the webhook state at the end of the payload, version 3 the policies'
+//! rate counts after it; older snapshots are still read (as [`SnapshotV1`], with no
+//! webhooks, and [`SnapshotV2`], with no rate counts). The journal's format is unchanged: new
 //! effects were appended to the enum, so old records decode as they were.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use ledger::{SnapshotData, SnapshotV1};
+use ledger::{SnapshotData, SnapshotV1, SnapshotV2};
 use serde::Serialize;
 
 use super::files::{list_segments, list_snapshots, private_file, snapshot_path, sync_dir};
 
 /// The snapshot format written.
-const SNAPSHOT_VERSION: u32 = 2;
+const SNAPSHOT_VERSION: u32 = 3;
+/// The snapshot format before rate counts, still read.
+const SNAPSHOT_VERSION_2: u32 = 2;
 /// The snapshot format before webhooks, still read.
 const SNAPSHOT_VERSION_1: u32 = 1;
 
@@ -106,6 +109,9 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
     }
     let data = match version {
         SNAPSHOT_VERSION => postcard::from_bytes(payload).ok(),
+        SNAPSHOT_VERSION_2 => postcard::from_bytes::<SnapshotV2>(payload)
+            .ok()
+            .map(SnapshotData::from),
         SNAPSHOT_VERSION_1 => postcard::from_bytes::<SnapshotV1>(payload)
             .ok()
             .map(SnapshotData::from),
@@ -176,7 +182,9 @@ pub fn prune(dir: &Path, seq: u64, history_floor: Option<u64>) -> io::Result<()>
 
 #[cfg(test)]
 mod tests {
-    use ledger::{apply, Actor, CreateTenant, NewTenant, State};
+    use ledger::{
+        apply, Actor, CreateTenant, Effect, NewTenant, RateCount, RateKey, RateKind, State,
+    };
 
     use super::*;
 
@@ -206,6 +214,16 @@ mod tests {
             );
             assert!(applied.result.is_ok());
         }
+        let key = RateKey {
+            tenant_id: "tenant-1".into(),
+            policy_id: "pol_1".into(),
+            kind: RateKind::Commit,
+        };
+        let count = RateCount {
+            minute: 3,
+            count: 17,
+        };
+        state.apply_effect(&Effect::PutRateCount(key, count));
         let dir = tempfile::tempdir().expect("temp dir");
         let path = write_snapshot(dir.path(), 7, &state.snapshot_source()).expect("write");
         let (seq, data) = read_snapshot(&path)
@@ -213,12 +231,39 @@ mod tests {
             .expect("a whole snapshot");
         assert_eq!(seq, 7);
         assert_eq!(data, state.to_snapshot());
+        assert_eq!(data.rate_counts.len(), 1);
         // A damaged byte anywhere in the payload makes the snapshot unreadable, not wrong.
         let mut bytes = fs::read(&path).expect("read bytes");
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         fs::write(&path, bytes).expect("write bytes");
         assert!(read_snapshot(&path).expect("read").is_none());
+    }
+
+    /// A format-2 snapshot (before policies' rate counts) reads as its state with none.
+    #[test]
+    fn a_format_2_snapshot_reads_with_no_rate_counts() {
+        let v2 = SnapshotV2 {
+            last_event: 41,
+            last_delivery: 42,
+            ..SnapshotV2::default()
+        };
+        let payload = postcard::to_allocvec(&v2).expect("encode");
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&SNAPSHOT_VERSION_2.to_le_bytes());
+        bytes.extend_from_slice(&9u64.to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = snapshot_path(dir.path(), 9);
+        fs::write(&path, bytes).expect("write");
+        let (seq, data) = read_snapshot(&path).expect("read").expect("a v2 snapshot");
+        assert_eq!(seq, 9);
+        assert_eq!((data.last_event, data.last_delivery), (41, 42));
+        assert!(data.rate_counts.is_empty());
+        assert_eq!(data, SnapshotData::from(v2));
     }
 
     /// Pruning after a snapshot at 300 (with one at 200 before it) drops the journal
