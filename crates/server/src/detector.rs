@@ -19,14 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::task::Background;
 use ledger::{
     Anomaly, AnomalyWatch, BudgetKey, EmitAnomalies, EventType, Millis, Watch, WatchAnomalies,
     SYSTEM_TENANT,
 };
 use serde_json::json;
 use store::{Engine, Load, Store};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// Fewer observations than this in a window are not a rate: one denial out of one decision
 /// is not a spike.
@@ -493,22 +492,9 @@ fn percentile(buckets: &[u64; LATENCY_BUCKETS], total: u64, q: f64) -> Duration 
     latency_bound(LATENCY_BUCKETS - 1)
 }
 
-pub struct DetectorTask {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-impl DetectorTask {
-    pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
-
 /// Runs the detector's ticks until stopped.
-pub fn spawn_detector(store: Arc<Engine>, detector: Arc<Detector>) -> DetectorTask {
-    let (stop, mut stopped) = watch::channel(false);
-    let task = tokio::spawn(async move {
+pub fn spawn_detector(store: Arc<Engine>, detector: Arc<Detector>) -> Background {
+    Background::spawn(|mut stopped| async move {
         let mut windows = Windows::default();
         let mut ticker = tokio::time::interval(detector.options.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -545,8 +531,7 @@ pub fn spawn_detector(store: Arc<Engine>, detector: Arc<Detector>) -> DetectorTa
                 Err(e) => tracing::warn!(error = %e, "anomalies not recorded"),
             }
         }
-    });
-    DetectorTask { stop, task }
+    })
 }
 
 #[cfg(test)]

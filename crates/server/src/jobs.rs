@@ -7,9 +7,8 @@ use std::time::Duration;
 use ledger::{Maintain, Maintained};
 
 use crate::detector::Detector;
+use crate::task::Background;
 use store::{Engine, Load, Store};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// Work done per maintenance command: bounded, so the ledger lock is never held long. Each
 /// expiry is about as much work as a commit; at 1 000 per command a mass expiry (the holds
@@ -26,18 +25,6 @@ pub struct SweepCounters {
     pub evicted: AtomicU64,
 }
 
-pub struct Sweeper {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-impl Sweeper {
-    pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
-
 /// Expires reservations past their grace (returning their holds) and evicts records past
 /// their retention, through the store like any other command, so replays are deterministic.
 /// Every `interval`; what it did is added to `counters`.
@@ -46,9 +33,8 @@ pub fn spawn_sweeper(
     counters: Arc<SweepCounters>,
     detector: Arc<Detector>,
     interval: Duration,
-) -> Sweeper {
-    let (stop, mut stopped) = watch::channel(false);
-    let task = tokio::spawn(async move {
+) -> Background {
+    Background::spawn(|mut stopped| async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -94,6 +80,5 @@ pub fn spawn_sweeper(
                 }
             }
         }
-    });
-    Sweeper { stop, task }
+    })
 }

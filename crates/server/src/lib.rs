@@ -12,14 +12,16 @@
 //! 1. `routes`: the route table, the handlers (`/metrics` among them) and the middleware.
 //! 2. `app`: the state every handler shares. It owns the store, the `auth::AdminKey`, the
 //!    `load::LoadTracker` that decides the [`store::Load`] of each command, the request
-//!    counters and the sweep's counters.
-//! 3. `metrics` (the request counters and the rendering of `/metrics`), `ratelimit`,
-//!    `correlation`, `audit` (the audit scope of a request and the entries made from it),
-//!    `origin` (what a request's events carry).
-//! 4. What knows nothing of the application: `auth` (credentials), `load` (requests in
-//!    flight), `jobs` (the expiry sweep: the store and its counters), `reply`,
-//!    `ids`, `openapi`, `dashboard` (the operator dashboard's files), `alloc_count`,
-//!    `webhooks` (sealing, the SSRF guard, the outbound client and the dispatcher).
+//!    counters, the sweep's, the limits' and the anomaly detector's.
+//! 3. `conn` (the accept loop, under the limits), `metrics` (the request counters and the
+//!    rendering of `/metrics`), `ratelimit`, `correlation`, `audit` (the audit scope of a
+//!    request and the entries made from it), `origin` (what a request's events carry).
+//! 4. What knows nothing of the application: `auth` (credentials), `limits` (the bounds on
+//!    connections, headers, bodies and requests in flight), `load` (requests in flight),
+//!    `jobs` (the expiry sweep: the store and its counters), `detector` (the anomaly
+//!    detector), `task` (a background task and its stop), `reply`, `ids`, `openapi`,
+//!    `dashboard` (the operator dashboard's files), `alloc_count`, `webhooks` (sealing, the
+//!    SSRF guard, the outbound client and the dispatcher).
 //!
 //! This root wires them together. A test checks what it can of the rule: only `routes` uses
 //! `app`, nothing uses `routes`, and there is no cycle.
@@ -43,6 +45,7 @@ mod origin;
 mod ratelimit;
 mod reply;
 mod routes;
+mod task;
 mod webhooks;
 
 use std::future::Future;

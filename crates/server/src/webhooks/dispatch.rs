@@ -20,8 +20,9 @@ use ledger::{
 };
 use protocol::webhook::EventResponse;
 use store::{Engine, Load, Store};
-use tokio::sync::{watch, Notify, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::task::Background;
 
 use super::{Outbound, Webhooks, REQUEST_TIMEOUT};
 
@@ -39,26 +40,14 @@ pub struct DispatchCounters {
     pub failed_attempts: AtomicU64,
 }
 
-pub struct Dispatcher {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-impl Dispatcher {
-    /// Stops taking new work; deliveries in flight finish or are retried after a restart.
-    pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
-
 pub fn spawn_dispatcher(
     store: Arc<Engine>,
     webhooks: Arc<Webhooks>,
     counters: Arc<DispatchCounters>,
-) -> Dispatcher {
-    let (stop, mut stopped) = watch::channel(false);
-    let task = tokio::spawn(async move {
+) -> Background {
+    // Stopped, it takes no new work; deliveries in flight finish or are retried after a
+    // restart.
+    Background::spawn(|mut stopped| async move {
         let lanes = Arc::new(Semaphore::new(CONCURRENT_SUBSCRIPTIONS));
         let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
         let lane_ended = Arc::new(Notify::new());
@@ -98,8 +87,7 @@ pub fn spawn_dispatcher(
                 _ = stopped.changed() => return,
             }
         }
-    });
-    Dispatcher { stop, task }
+    })
 }
 
 /// One due delivery with what sending it needs.
