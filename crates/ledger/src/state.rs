@@ -1,7 +1,7 @@
 //! The state and the only code that changes it: [`State::apply_effect`].
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use imbl::{HashMap as ImHashMap, OrdMap};
@@ -83,6 +83,9 @@ pub struct State {
     pub(crate) budgets: OrdMap<BudgetKey, Arc<Budget>>,
     /// Policies by (tenant, policy id).
     pub(crate) policies: OrdMap<(String, String), Policy>,
+    /// The tenants that have a policy (an index: policies are never removed). A reserve or
+    /// commit of any other tenant needs no policy lookup, whose range bound would allocate.
+    pub(crate) policy_tenants: HashSet<String>,
     /// Values behind `Arc`: the effect that puts a reservation or record and the state share
     /// one allocation (no deep copy per write), and the maps' nodes stay small, so copying a
     /// node for a snapshot or a write costs pointers, not 550-byte structs.
@@ -438,6 +441,9 @@ impl State {
                 self.inventory.budget_written(old.as_deref(), b);
             }
             Effect::PutPolicy(p) => {
+                if !self.policy_tenants.contains(&p.tenant_id) {
+                    self.policy_tenants.insert(p.tenant_id.clone());
+                }
                 self.policies
                     .insert((p.tenant_id.clone(), p.policy_id.clone()), p.clone());
             }
@@ -747,6 +753,7 @@ impl State {
             || rebuilt.webhooks.custom_levels != self.webhooks.custom_levels
             || rebuilt.retention_by_name() != self.retention_by_name()
             || rebuilt.inventory != self.inventory
+            || rebuilt.policy_tenants != self.policy_tenants
         {
             violations.push(Violation(
                 "the ordered indexes differ from indexes rebuilt from the rows".into(),

@@ -275,6 +275,9 @@ impl Tx<'_> {
     /// The policy governing `scope_path` now: the highest priority among the tenant's
     /// policies in effect whose pattern matches; ties go to the oldest (then lowest id).
     pub(crate) fn governing_policy(&self, tenant_id: &str, scope_path: &str) -> Option<&Policy> {
+        if !self.state.policy_tenants.contains(tenant_id) {
+            return None;
+        }
         self.state
             .policies
             .range((tenant_id.to_string(), String::new())..)
