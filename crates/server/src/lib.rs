@@ -30,7 +30,7 @@
 pub mod alloc_count;
 mod app;
 mod audit;
-mod auth;
+pub mod auth;
 mod conn;
 pub mod correlation;
 mod dashboard;

@@ -90,15 +90,20 @@ pub struct JournalWriter {
     allocated: u64,
 }
 
+/// The bytes a segment starts with: its magic and format version.
+pub fn segment_header() -> [u8; HEADER_LEN as usize] {
+    let mut header = [0u8; HEADER_LEN as usize];
+    header[..4].copy_from_slice(MAGIC);
+    header[4..].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header
+}
+
 impl JournalWriter {
     /// Starts a new segment whose first record will be `first_seq`.
     pub fn create(dir: &Path, first_seq: u64) -> io::Result<Self> {
         let path = segment_path(dir, first_seq);
         let mut file = private_file().create_new(true).write(true).open(&path)?;
-        let mut header = Vec::with_capacity(HEADER_LEN as usize);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        file.write_all(&header)?;
+        file.write_all(&segment_header())?;
         let mut writer = JournalWriter {
             dir: dir.to_path_buf(),
             file,
@@ -183,23 +188,42 @@ pub struct SegmentEnd {
 /// written by a newer version, it must not be mistaken for a torn tail and cut off.
 pub fn read_segment(
     path: &Path,
-    mut each: impl FnMut(JournalRecord) -> bool,
+    each: impl FnMut(JournalRecord) -> bool,
 ) -> io::Result<SegmentEnd> {
     let file = File::open(path)?;
     let file_len = file.metadata()?.len();
     let mut reader = BufReader::with_capacity(1 << 20, file);
+    match read_records(&mut reader, file_len, each).map_err(|what| unreadable(path, &what))? {
+        None => Ok(no_records(file_len)),
+        Some(valid_len) => Ok(SegmentEnd {
+            valid_len,
+            file_len,
+            clean: zeros_from(path, valid_len)?,
+        }),
+    }
+}
+
+/// The records of a segment of `len` bytes read from `reader` (see [`read_segment`]):
+/// `Ok(None)` when it has no whole header, so no records; `Ok(Some(valid_len))`, the bytes of
+/// its header and whole, checked frames; `Err(what)` when it holds something this build
+/// cannot read. Never panics, whatever the bytes (the `journal_records` fuzz target).
+pub fn read_records(
+    reader: &mut impl Read,
+    len: u64,
+    mut each: impl FnMut(JournalRecord) -> bool,
+) -> Result<Option<u64>, String> {
     let mut header = [0u8; HEADER_LEN as usize];
     if reader.read_exact(&mut header).is_err() || &header[..4] != MAGIC {
         // A missing or short header holds no records.
-        return Ok(no_records(file_len));
+        return Ok(None);
     }
     match u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) {
         FORMAT_VERSION => {}
         // A torn header: the version was not written yet (the rest of the file is zeros).
-        0 => return Ok(no_records(file_len)),
+        0 => return Ok(None),
         // A whole header of another format is no torn write: cutting it off would drop
         // records this build cannot read.
-        version => return Err(unreadable(path, &format!("format version {version}"))),
+        version => return Err(format!("format version {version}")),
     }
     let mut valid_len = HEADER_LEN;
     let mut payload = Vec::new();
@@ -208,34 +232,30 @@ pub fn read_segment(
         if reader.read_exact(&mut frame).is_err() {
             break;
         }
-        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        let frame_len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
-        if len > MAX_RECORD_BYTES || valid_len + (FRAME_HEADER_LEN + len) as u64 > file_len {
+        if frame_len > MAX_RECORD_BYTES || valid_len + (FRAME_HEADER_LEN + frame_len) as u64 > len {
             break;
         }
-        payload.resize(len, 0);
+        payload.resize(frame_len, 0);
         if reader.read_exact(&mut payload).is_err() || crc32c::crc32c(&payload) != crc {
             break;
         }
-        if len == 0 {
+        if frame_len == 0 {
             // Zeros: preallocated space after the last record.
             break;
         }
         let Ok(record) = postcard::from_bytes::<JournalRecord>(&payload) else {
             // The checksum holds, so the frame was written whole: a record of a newer
             // version, not a torn tail. Refuse rather than cut acknowledged history.
-            return Err(unreadable(path, &format!("a record at byte {valid_len}")));
+            return Err(format!("a record at byte {valid_len}"));
         };
         if !each(record) {
             break;
         }
-        valid_len += (FRAME_HEADER_LEN + len) as u64;
+        valid_len += (FRAME_HEADER_LEN + frame_len) as u64;
     }
-    Ok(SegmentEnd {
-        valid_len,
-        file_len,
-        clean: zeros_from(path, valid_len)?,
-    })
+    Ok(Some(valid_len))
 }
 
 /// Whether the file holds only zero bytes from `offset` to its end.

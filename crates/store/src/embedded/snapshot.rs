@@ -94,9 +94,16 @@ impl<W: Write> Write for Checksummed<W> {
 pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
+    Ok(parse_snapshot(&bytes))
+}
+
+/// A snapshot file's sequence number and state; `None` when the bytes are incomplete,
+/// corrupt or of another format. Never panics, whatever the bytes (the `snapshots` fuzz
+/// target).
+pub fn parse_snapshot(bytes: &[u8]) -> Option<(u64, SnapshotData)> {
     const HEADER: usize = HEADER_LEN as usize;
     if bytes.len() < HEADER || &bytes[..4] != MAGIC {
-        return Ok(None);
+        return None;
     }
     let field = |at: usize, n: usize| &bytes[at..at + n];
     let version = u32::from_le_bytes(field(4, 4).try_into().expect("4 bytes"));
@@ -105,7 +112,7 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
     let crc = u32::from_le_bytes(field(24, 4).try_into().expect("4 bytes"));
     let payload = &bytes[HEADER..];
     if payload.len() as u64 != len || crc32c::crc32c(payload) != crc {
-        return Ok(None);
+        return None;
     }
     let data = match version {
         SNAPSHOT_VERSION => postcard::from_bytes(payload).ok(),
@@ -117,7 +124,7 @@ pub fn read_snapshot(path: &Path) -> io::Result<Option<(u64, SnapshotData)>> {
             .map(SnapshotData::from),
         _ => None,
     };
-    Ok(data.map(|data| (seq, data)))
+    data.map(|data| (seq, data))
 }
 
 /// Writes a snapshot at `seq`, then deletes what it makes redundant. `history_floor`, asked
