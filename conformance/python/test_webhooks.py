@@ -15,7 +15,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -96,12 +96,15 @@ class Receiver:
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}/hook"
 
+    def received(self) -> list[tuple[dict[str, str], Any]]:
+        return [(h, json.loads(b)) for h, b in self.got]
+
     def wait_for(self, n: int) -> list[tuple[dict[str, str], Any]]:
         deadline = time.monotonic() + 10
         while len(self.got) < n and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(self.got) >= n, f"{len(self.got)} of {n} deliveries"
-        return [(h, json.loads(b)) for h, b in self.got]
+        return self.received()
 
 
 def new_id(prefix: str) -> str:
@@ -120,6 +123,16 @@ def events_of(server: Server, **params: Any) -> list[dict[str, Any]]:
         cursor = page.get("next_cursor")
         if not cursor:
             return out
+
+
+def eventually(read: Callable[[], list[Any]], seconds: float) -> list[Any]:
+    """What `read` answers once it is not empty, or its last (empty) answer after `seconds`."""
+    deadline = time.monotonic() + seconds
+    found = read()
+    while not found and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = read()
+    return found
 
 
 def assert_payloads(events: list[dict[str, Any]]) -> None:
@@ -199,11 +212,7 @@ def test_an_expired_key_is_announced_by_the_sweep(server: Server) -> None:
     soon = datetime.now(timezone.utc) + timedelta(seconds=1)
     key = ok(admin.post("/v1/admin/api-keys", json={"tenant_id": tenant, "name": "brief",
              "expires_at": soon.isoformat().replace("+00:00", "Z")}), 201)
-    deadline = time.monotonic() + 15
-    expired: list[dict[str, Any]] = []
-    while not expired and time.monotonic() < deadline:
-        time.sleep(0.2)
-        expired = events_of(server, tenant_id=tenant, event_type="api_key.expired")
+    expired = eventually(lambda: events_of(server, tenant_id=tenant, event_type="api_key.expired"), 15)
     assert len(expired) == 1, expired
     assert expired[0]["data"]["key_id"] == key["key_id"]
     assert expired[0]["actor"]["type"] == "system"
@@ -281,21 +290,13 @@ def test_a_denial_spike_is_detected_and_delivered(server: Server, receiver: Rece
         statuses.append(r.status_code)
     runtime.close()
     assert statuses.count(200) == 5 and statuses.count(409) == 25, statuses
-    deadline = time.monotonic() + 10
-    spikes: list[dict[str, Any]] = []
-    while not spikes and time.monotonic() < deadline:
-        time.sleep(0.1)
-        spikes = events_of(server, tenant_id=tenant, event_type="reservation.denial_rate_spike")
+    spikes = eventually(lambda: events_of(server, tenant_id=tenant, event_type="reservation.denial_rate_spike"), 10)
     assert len(spikes) == 1, spikes
     assert spikes[0]["data"]["current_rate"] >= 0.5
     assert spikes[0]["scope"] == scope
     assert_payloads(spikes)
     receiver.wait_for(before + 1)
-    deadline = time.monotonic() + 10
-    delivered: list[Any] = []
-    while not delivered and time.monotonic() < deadline:
-        delivered = [json.loads(b) for _, b in receiver.got if json.loads(b).get("event_id") == spikes[0]["event_id"]]
-        time.sleep(0.05)
+    delivered = eventually(lambda: [b for _, b in receiver.received() if b.get("event_id") == spikes[0]["event_id"]], 10)
     assert len(delivered) == 1, "the spike was not delivered"
     assert validator().admin.errors("Event", delivered[0]) == []
 
