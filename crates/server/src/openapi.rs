@@ -135,7 +135,28 @@ pub fn document(operations: Document) -> Value {
     without_null(&mut doc);
     closed_objects(&mut doc);
     shared_headers(&mut doc);
+    overlapping_forms(&mut doc);
     doc
+}
+
+/// The schemas of `#[serde(untagged)]` enums, whose forms can coincide.
+const UNTAGGED: [&str; 1] = ["Balances"];
+
+/// An answer in either of two forms matches both when they coincide (an empty page of
+/// `GET /v1/balances` is `{"balances":[],"has_more":false}` in both), which `oneOf` forbids:
+/// the forms of an untagged enum are `anyOf`.
+///
+/// Why a rewrite: utoipa renders every untagged enum as `oneOf`, with no attribute to say
+/// otherwise.
+fn overlapping_forms(doc: &mut Value) {
+    for name in UNTAGGED {
+        let Some(schema) = doc["components"]["schemas"][name].as_object_mut() else {
+            continue;
+        };
+        if let Some(forms) = schema.remove("oneOf") {
+            schema.insert("anyOf".into(), forms);
+        }
+    }
 }
 
 /// Neither requests nor responses carry `null`: drops the `null` alternative utoipa

@@ -691,6 +691,12 @@ async fn real_bodies_match_the_schemas(engine: Engine) {
     c.get("/v1/balances?agent=bot", As::Key(&key))
         .await
         .expect(200, None);
+    // An empty page is the same in either form: both forms must accept it.
+    let empty = c.get("/v1/balances?unit=TOKENS", As::Key(&key)).await;
+    assert_eq!(
+        empty.expect(200, None),
+        &json!({"balances": [], "has_more": false})
+    );
 
     let decide = json!({"idempotency_key": "d1", "subject": bot,
                         "action": {"kind": "llm", "name": "m"}, "estimate": usd(1)});
