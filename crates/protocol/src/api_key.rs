@@ -304,7 +304,7 @@ pub struct ApiKeyListParams {
     /// From the previous page's `next_cursor`; valid only with the same sort and filters.
     pub cursor: Option<String>,
     /// Page size, at least 1; defaults to 50, values above 100 are treated as 100.
-    #[param(value_type = Option<u32>, minimum = 1)]
+    #[param(value_type = Option<i64>, minimum = 1)]
     pub limit: Option<ClampedLimit>,
 }
 

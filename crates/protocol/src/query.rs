@@ -97,7 +97,8 @@ impl<'de> de::Deserialize<'de> for ClampedLimit {
             }
 
             fn visit_str<E: de::Error>(self, text: &str) -> Result<ClampedLimit, E> {
-                match text.parse::<u64>() {
+                // Any positive int64, as documented (larger ones are clamped, not refused).
+                match text.parse::<i64>() {
                     Ok(n) if n >= 1 => Ok(ClampedLimit(
                         usize::try_from(n)
                             .map_or(MAX_ADMIN_PAGE_SIZE, |n| n.min(MAX_ADMIN_PAGE_SIZE)),

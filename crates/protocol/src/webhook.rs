@@ -63,7 +63,7 @@ pub struct EventListParams {
     /// `asc` or `desc` (the default).
     pub sort_dir: Option<String>,
     pub cursor: Option<String>,
-    #[param(value_type = Option<u32>, minimum = 1)]
+    #[param(value_type = Option<i64>, minimum = 1)]
     pub limit: Option<ClampedLimit>,
 }
 
@@ -129,7 +129,7 @@ pub struct TenantEventListParams {
     #[param(format = DateTime)]
     pub to: Option<String>,
     pub cursor: Option<String>,
-    #[param(value_type = Option<u32>, minimum = 1)]
+    #[param(value_type = Option<i64>, minimum = 1)]
     pub limit: Option<ClampedLimit>,
 }
 
@@ -726,7 +726,7 @@ pub struct WebhookListParams {
     pub sort_by: Option<String>,
     pub sort_dir: Option<String>,
     pub cursor: Option<String>,
-    #[param(value_type = Option<u32>, minimum = 1)]
+    #[param(value_type = Option<i64>, minimum = 1)]
     pub limit: Option<ClampedLimit>,
 }
 
@@ -739,7 +739,7 @@ pub struct TenantWebhookListParams {
     pub tenant: Option<String>,
     pub status: Option<String>,
     pub cursor: Option<String>,
-    #[param(value_type = Option<u32>, minimum = 1)]
+    #[param(value_type = Option<i64>, minimum = 1)]
     pub limit: Option<ClampedLimit>,
 }
 
@@ -828,7 +828,7 @@ pub struct DeliveryListParams {
     #[param(format = DateTime)]
     pub to: Option<String>,
     pub cursor: Option<String>,
-    #[param(value_type = Option<u32>, minimum = 1)]
+    #[param(value_type = Option<i64>, minimum = 1)]
     pub limit: Option<ClampedLimit>,
 }
 

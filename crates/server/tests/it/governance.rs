@@ -394,6 +394,11 @@ async fn tenants_are_listed_filtered_sorted_and_paged(engine: Engine) {
         newest_first,
         "clamped, not refused"
     );
+    assert_eq!(
+        get(format!("limit={}", i64::MAX)).await,
+        newest_first,
+        "any int64 is clamped, as documented"
+    );
     s.stop().await;
 }
 
@@ -413,6 +418,7 @@ async fn tenant_list_refuses_bad_parameters(engine: Engine) {
         ("limit=0", "limit"),
         ("limit=-1", "limit"),
         ("limit=ten", "limit"),
+        ("limit=9223372036854775808", "limit"),
         ("limit=1&limit=2", "limit"),
         ("parent_tenant_id=", "parent_tenant_id"),
         ("cursor=zz", "cursor"),
