@@ -153,31 +153,37 @@ impl Detector {
         }
     }
 
-    fn count(&self, signal: Signal, tenant: &Arc<str>, hit: bool) {
-        if !self.watching[signal.index()].load(Ordering::Relaxed) {
+    fn watching(&self, signal: Signal) -> bool {
+        self.watching[signal.index()].load(Ordering::Relaxed)
+    }
+
+    /// Counts `seen` observations of `signal` for `tenant`, `hits` of them against it.
+    fn count(&self, signal: Signal, tenant: &Arc<str>, seen: u64, hits: u64) {
+        if !self.watching(signal) {
             return;
         }
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let counts = open.entry(tenant.clone()).or_default();
-        counts.seen[signal.index()] += 1;
-        counts.hits[signal.index()] += u64::from(hit);
+        counts.seen[signal.index()] += seen;
+        counts.hits[signal.index()] += hits;
     }
 
     /// A reservation decision of `tenant` (a reserve, a dry run or a decide), denied or not.
     pub fn decided(&self, tenant: &Arc<str>, denied: bool) {
-        self.count(Signal::Denial, tenant, denied);
+        self.count(Signal::Denial, tenant, 1, u64::from(denied));
     }
 
-    /// A reservation of `tenant` settled: committed or released, or expired by the sweep.
+    /// Reservations of `tenant` settled: `expired` by the sweep, `other` committed or
+    /// released.
     pub fn settled(&self, tenant: &Arc<str>, expired: usize, other: usize) {
-        if !self.watching[Signal::Expiry.index()].load(Ordering::Relaxed) {
-            return;
-        }
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let counts = open.entry(tenant.clone()).or_default();
-        let i = Signal::Expiry.index();
-        counts.seen[i] += (expired + other) as u64;
-        counts.hits[i] += expired as u64;
+        let (expired, other) = (expired as u64, other as u64);
+        self.count(Signal::Expiry, tenant, expired + other, expired);
+    }
+
+    /// Whether authentication failures are watched: if not, the request path need not even
+    /// look for a credential.
+    pub fn watching_authentication(&self) -> bool {
+        self.watching(Signal::AuthFailure)
     }
 
     /// A request that presented a credential, refused 401 or not. Counted for the whole
@@ -185,7 +191,7 @@ impl Detector {
     pub fn authenticated(&self, failed: bool) {
         static SYSTEM: std::sync::LazyLock<Arc<str>> =
             std::sync::LazyLock::new(|| Arc::from(SYSTEM_TENANT));
-        self.count(Signal::AuthFailure, &SYSTEM, failed);
+        self.count(Signal::AuthFailure, &SYSTEM, 1, u64::from(failed));
     }
 
     /// A request answered after `elapsed`.

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderName, HeaderValue};
@@ -19,7 +19,7 @@ use protocol::{ApiError, ErrorCode};
 use sha2::{Digest, Sha256};
 
 use crate::auth::{ADMIN_KEY_HEADER, API_KEY_HEADER};
-use crate::reply::{Failure, RATE_LIMIT_RESET};
+use crate::reply::{unix_now_s, Failure, RATE_LIMIT_RESET};
 
 /// Buckets kept at most; past this, full (idle) buckets are dropped first.
 const MAX_BUCKETS: usize = 100_000;
@@ -88,13 +88,6 @@ impl Limiter {
             }
         }
     }
-}
-
-fn unix_now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 /// Who is asking: the presented key (hashed), else the peer address.

@@ -36,11 +36,7 @@ impl IntoResponse for Failure {
             let headers = response.headers_mut();
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             if status == StatusCode::TOO_MANY_REQUESTS {
-                let reset = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs())
-                    + seconds;
-                headers.insert(RATE_LIMIT_RESET, HeaderValue::from(reset));
+                headers.insert(RATE_LIMIT_RESET, HeaderValue::from(unix_now_s() + seconds));
             }
         }
         // The correlation layer writes the body, with the request's ids.
@@ -50,6 +46,13 @@ impl IntoResponse for Failure {
 }
 
 pub type Answer = Result<Response, Failure>;
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// When a throttled client may try again, in Unix seconds (with a 429).
 pub const RATE_LIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");

@@ -28,9 +28,11 @@ pub async fn observe(app: &App, request: Request, next: Next) -> Response {
     let method = method_name(request.method());
     // A clone of the matched path shares its string: no allocation.
     let route = request.extensions().get::<MatchedPath>().cloned();
-    let headers = request.headers();
-    let presented_credential =
-        headers.contains_key(API_KEY_HEADER) || headers.contains_key(ADMIN_KEY_HEADER);
+    // Looked for only when authentication failures are watched (see `crate::detector`).
+    let presented_credential = app.detector().watching_authentication() && {
+        let headers = request.headers();
+        headers.contains_key(API_KEY_HEADER) || headers.contains_key(ADMIN_KEY_HEADER)
+    };
     let response = {
         let counted = app.load().enter(started);
         let bounds = app.bounds();
