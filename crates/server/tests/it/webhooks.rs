@@ -31,6 +31,7 @@ engine_tests!(
     test_probe_reaches_the_receiver,
     bulk_actions_pause_resume_and_delete,
     a_hanging_or_redirecting_receiver_holds_up_only_itself,
+    an_endless_response_body_is_never_read,
     threshold_crossings_reach_the_levels_subscribed,
     expired_keys_are_announced_once,
     a_delivery_a_day_late_is_failed_not_sent,
@@ -1133,6 +1134,53 @@ async fn a_hanging_or_redirecting_receiver_holds_up_only_itself(engine: Engine) 
     .await;
     assert_eq!(d[0]["response_status"], 302);
     assert_eq!(d[0]["status"], "RETRYING");
+    s.stop().await;
+}
+
+/// A receiver that answers 200 and then sends a body without end: the delivery is a
+/// success at once, and the server closes the connection having read a few socket buffers
+/// of it, not the body (memory does not grow with what a receiver sends).
+async fn an_endless_response_body_is_never_read(engine: Engine) {
+    use std::sync::atomic::AtomicU64;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut request = vec![0u8; 64 * 1024];
+        let _ = tcp.read(&mut request).await;
+        let head = "HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n";
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let chunk = vec![b'x'; 64 * 1024];
+        // Until the server hangs up (or ten seconds have passed, when the test has failed).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline && tcp.write_all(&chunk).await.is_ok() {
+            counted.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+        }
+    });
+    let hook = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.created"]}),
+    )
+    .await;
+    let id = hook["subscription"]["subscription_id"].as_str().unwrap();
+    s.budget("tenant:acme", USD, 10, json!({})).await;
+    let d = wait_deliveries(&s, id, |d| {
+        d.first().is_some_and(|d| d["status"] == "SUCCESS")
+    })
+    .await;
+    assert_eq!(d[0]["response_status"], 200);
+    assert_eq!(d[0]["attempts"], 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = sent.load(Ordering::SeqCst);
+    assert!(sent < 64 << 20, "the server read {sent} bytes of the body");
     s.stop().await;
 }
 
