@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -20,7 +22,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from conftest import UNIT, Server, validator
+from conftest import ADMIN_KEY, UNIT, Server, validator
 
 # The payload schema of each event type the test causes (admin spec §3.7).
 DATA_SCHEMA = {
@@ -299,6 +301,51 @@ def test_a_denial_spike_is_detected_and_delivered(server: Server, receiver: Rece
     delivered = eventually(lambda: [b for _, b in receiver.received() if b.get("event_id") == spikes[0]["event_id"]], 10)
     assert len(delivered) == 1, "the spike was not delivered"
     assert validator().admin.errors("Event", delivered[0]) == []
+
+
+def slow_request(base_url: str, body: bytes, pause: float) -> int:
+    """POSTs `body` to create a tenant as a slow client does: the headers and half the body,
+    a pause, then the rest. Answers the status."""
+    host, port = base_url.removeprefix("http://").split(":")
+    head = (f"POST /v1/admin/tenants HTTP/1.1\r\nHost: {host}\r\nX-Admin-API-Key: {ADMIN_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head.encode() + body[: len(body) // 2])
+        time.sleep(pause)
+        s.sendall(body[len(body) // 2:])
+        reply = b""
+        while b"\r\n" not in reply:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
+
+
+def test_high_latency_is_detected_and_delivered(server: Server, receiver: Receiver) -> None:
+    # The server's threshold is its default, a p99 above 1 000 ms over a minute; 24 requests
+    # whose bodies take 1.2 s to arrive put the p99 above it (a slow client is latency too).
+    sub = ok(server.admin.post("/v1/admin/webhooks", json={"url": receiver.url, "event_types": ["system.high_latency"]}), 201)
+    sub_id = sub["subscription"]["subscription_id"]
+    try:
+        time.sleep(0.5)  # the detector's next tick watches latency
+        before = {e["event_id"] for e in events_of(server, event_type="system.high_latency")}
+        bodies = [json.dumps({"tenant_id": new_id("slow"), "name": "slow"}).encode() for _ in range(24)]
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            statuses = list(pool.map(lambda b: slow_request(server.base_url, b, 1.2), bodies))
+        assert statuses == [201] * len(bodies), statuses
+        new = eventually(lambda: [e for e in events_of(server, event_type="system.high_latency") if e["event_id"] not in before], 10)
+        assert len(new) == 1, new
+        event = new[0]
+        assert event["category"] == "system" and event["data"]["severity"] == "warning", event
+        assert event["data"]["details"]["p99_upper_bound_ms"] > 1000, event
+        assert event["data"]["details"]["sample_count"] >= 24, event
+        assert_payloads(new)
+        delivered = eventually(lambda: [b for _, b in receiver.received() if b.get("event_id") == event["event_id"]], 10)
+        assert len(delivered) == 1, "the event was not delivered"
+        assert validator().admin.errors("Event", delivered[0]) == []
+    finally:
+        ok(server.admin.delete(f"/v1/admin/webhooks/{sub_id}"), 204)
 
 
 def test_refusals_use_the_spec_codes(server: Server, receiver: Receiver) -> None:

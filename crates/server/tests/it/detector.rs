@@ -234,6 +234,29 @@ async fn burn_rate_anomalies_compare_with_the_baseline(engine: Engine) {
     assert_eq!(anomaly["tenant_id"], "acme");
     assert_eq!(anomaly["scope"], "tenant:acme");
     let data = &anomaly["data"];
+    // Exactly the fields of the spec's `EventDataBurnRateAnomaly`, each of its type (the
+    // anomaly needs minutes of history, too long for the Python suite's real-clock schema
+    // check).
+    let mut fields: Vec<&str> = data
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "baseline_rate",
+            "current_rate",
+            "multiplier",
+            "projected_exhaustion_minutes",
+            "scope",
+            "unit",
+            "window_seconds"
+        ]
+    );
+    assert!(data["window_seconds"].is_u64());
     assert_eq!(data["scope"], "tenant:acme");
     assert_eq!(data["unit"], USD);
     assert_eq!(data["window_seconds"], 60);
