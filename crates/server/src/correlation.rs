@@ -37,11 +37,16 @@ impl Correlation {
     }
 }
 
-/// Writes the error body of an error response and adds both ids to every response.
+/// Writes the error body of an error response and adds both ids to every response. An
+/// error response a handler wrote as JSON itself (readiness DOWN) is left as it is; one the
+/// framework made (an unknown route, an oversized body) gets the protocol's error body.
 pub fn finish(mut response: Response, c: Correlation) -> Response {
     let status = response.status();
     let error = response.extensions_mut().remove::<ApiError>().or_else(|| {
-        (status.is_client_error() || status.is_server_error()).then(|| framework_error(status))
+        let framework = (status.is_client_error() || status.is_server_error())
+            && response.headers().get(header::CONTENT_TYPE)
+                != Some(&HeaderValue::from_static("application/json"));
+        framework.then(|| framework_error(status))
     });
     if let Some(error) = error {
         let text = |v: &HeaderValue| v.to_str().unwrap_or_default().to_owned();
