@@ -233,6 +233,7 @@ impl App {
             Err(StoreError::Unavailable(why)) => Err(ApiError::unavailable(format!(
                 "Storage is unavailable, nothing was recorded: {why}"
             ))
+            .retry_after(1)
             .into()),
             Err(StoreError::ShuttingDown) => {
                 Err(ApiError::unavailable("The server is shutting down").into())

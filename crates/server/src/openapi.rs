@@ -346,8 +346,9 @@ error_responses! {
         budget).";
     Gone = "410" => "RESERVATION_EXPIRED: the reservation is past its expiry and grace period.";
     InternalError = "500" => "INTERNAL_ERROR: a broken invariant; nothing was changed.";
-    Unavailable = "503" => "INTERNAL_ERROR: storage cannot take writes or the server is shutting \
-        down; nothing was recorded. Retry later.";
+    Unavailable = "503" => "INTERNAL_ERROR: storage cannot take writes (reads are still \
+        served) or the server is shutting down; nothing was recorded. Retry later (storage \
+        says when in `Retry-After`).";
 }
 
 /// 429 also says when to retry.

@@ -65,8 +65,9 @@ impl<T> Default for RequestContext<T> {
 /// Why a store could not answer (as opposed to answering with a rejection).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The store cannot make writes durable; it refuses everything until restarted
-    /// (a budget authority must not approve spend it cannot record).
+    /// The store cannot make writes durable (a budget authority must not approve spend it
+    /// cannot record): nothing was recorded. The embedded engine serves reads meanwhile and
+    /// takes writes again once its disk does.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     /// The store is shutting down.

@@ -98,7 +98,7 @@ macro_rules! operation {
 pub(crate) use operation;
 
 /// What applying an operation did: the reply, and the effects to make durable before it is
-/// sent (already applied to the state). A refused operation has no effects, except the
+/// sent (already applied to the state, except by [`stage_in`]). A refused operation has no effects, except the
 /// expiry of a reservation found past its grace period ([`Tx::lapse`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied<T> {
@@ -117,6 +117,22 @@ pub fn apply<O: Operation>(state: &mut State, operation: O, now: Millis) -> Appl
 /// asked of `origin` only when the operation emits one (most emit none).
 pub fn apply_in<O: Operation>(
     state: &mut State,
+    operation: O,
+    now: Millis,
+    origin: &dyn Fn() -> Origin,
+) -> Applied<O::Output> {
+    let applied = stage_in(state, operation, now, origin);
+    for effect in &applied.effects {
+        state.apply_effect(effect);
+    }
+    applied
+}
+
+/// Decides one operation as [`apply_in`] does without changing the state: the effects are
+/// returned unapplied. A store that cannot make effects durable serves through this what
+/// changes nothing (a read, a refusal) and refuses the rest, its state untouched.
+pub fn stage_in<O: Operation>(
+    state: &State,
     operation: O,
     now: Millis,
     origin: &dyn Fn() -> Origin,
@@ -149,9 +165,6 @@ pub fn apply_in<O: Operation>(
         // The staged effects of a refused operation are dropped unapplied: all or nothing.
         Err(_) => lapsed,
     };
-    for effect in &effects {
-        state.apply_effect(effect);
-    }
     Applied {
         result,
         effects,

@@ -8,7 +8,7 @@ use server::Limits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{reserve_body, As, Engine, TestServer};
+use crate::common::{metric, reserve_body, As, Engine, TestServer};
 
 /// A server with `limits` changed from the defaults by `change`.
 async fn server_with(change: impl FnOnce(&mut Limits)) -> TestServer {
@@ -33,18 +33,6 @@ async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> (String, bo
             Err(_) => return (String::from_utf8_lossy(&got).into(), false),
         }
     }
-}
-
-/// The value of a metric on `/metrics`.
-async fn metric(server: &TestServer, name: &str) -> u64 {
-    let text = server.get("/metrics", As::Admin).await;
-    let text = text.body.as_str().expect("metrics text").to_string();
-    text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} not on /metrics"))
-        .trim()
-        .parse()
-        .expect("a number")
 }
 
 /// Waits until a counter on `/metrics` reaches `at_least` (a connection's task counts what

@@ -23,6 +23,7 @@ mod openapi;
 mod overage;
 mod policies;
 mod sdk_rust;
+mod storage_faults;
 mod tenancy;
 mod tenant_status;
 mod webhooks;

@@ -16,6 +16,17 @@
 //! one would share its sync, so it runs the round itself on its own thread when the journal
 //! is free, and saves the two thread wake-ups of the hand-off (request → syncer → request).
 //! Whoever holds the [`Syncer`] lock owns the journal, so rounds never overlap.
+//!
+//! A journal that cannot be written (a `write` or `fdatasync` failing, a full disk, a
+//! read-only file system) is a *fault*: no reply is sent for a record that is not durable,
+//! and from then on nothing is acknowledged that would need the journal. The records not
+//! yet durable are dropped and their requests refused; the syncer rolls the state back to
+//! the durable records (read again from the disk), which lets reads be served while writes
+//! are refused; then it tries, with backoff, to cut the journal back to its durable records
+//! and write to it again. When that succeeds, writes resume — no restart needed. Sequence
+//! numbers after a fault continue from the durable ones, so each fault starts a new *epoch*:
+//! a request waiting for a record of an earlier epoch is refused unless that record was
+//! durable before the fault.
 
 use std::future::Future;
 use std::io;
@@ -23,14 +34,15 @@ use std::mem;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::thread::{self, JoinHandle};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use ledger::{apply_in, Effect, Operation, State};
+use ledger::{apply_in, stage_in, Effect, Operation, State};
 
 use super::journal::{encode_record, JournalRecord, JournalWriter, HEADER_LEN};
+use super::recovery::recover_until;
 use super::snapshot;
 use super::waiters::{WaitKey, Waiters};
 use crate::history::{Entries, Item, Projector};
@@ -45,6 +57,21 @@ pub struct Counters {
     pub batches_alone: AtomicU64,
     pub journal_bytes: AtomicU64,
     pub snapshots: AtomicU64,
+    /// Journal faults: writes refused from each until the journal was writable again.
+    pub faults: AtomicU64,
+}
+
+/// The first wait before a faulted journal is tried again; it doubles up to the second.
+const HEAL_FIRST_DELAY: Duration = Duration::from_millis(50);
+const HEAL_MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// Why the journal cannot be written, while it cannot.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub why: String,
+    /// Whether the state has been rolled back to the durable records: until then nothing at
+    /// all is served, since the memory is ahead of the disk.
+    pub readable: bool,
 }
 
 /// Everything under the ledger lock.
@@ -65,6 +92,8 @@ pub struct Ledger {
     pub closed: bool,
     /// Whether the syncer writes a snapshot once it has synced the last round.
     pub final_snapshot: bool,
+    /// Set while the journal cannot be written (see the module's documentation).
+    pub fault: Option<Fault>,
 }
 
 /// The journal file and the background snapshot: whoever runs a round holds it (the syncer
@@ -91,9 +120,10 @@ pub struct Shared {
     pub durable_seq: AtomicU64,
     /// Requests waiting for a sync.
     pub waiters: Waiters,
-    /// Set once the journal cannot be written: from then on every command is refused, since
-    /// the memory is ahead of the disk.
-    pub failure: OnceLock<String>,
+    /// Bumped by each fault, under the ledger lock and before any later `durable_seq`.
+    pub epoch: AtomicU64,
+    /// `durable_seq` when the latest fault happened: the last record of the epoch it ended.
+    pub durable_at_fault: AtomicU64,
     pub counters: Counters,
     pub clock: Arc<dyn Clock>,
     /// The history store and its writer.
@@ -106,17 +136,81 @@ fn lock<T>(mutex: &Mutex<T>) -> Result<MutexGuard<'_, T>, StoreError> {
         .map_err(|_| StoreError::Unavailable("the ledger panicked; restart the server".into()))
 }
 
+/// What a reply waits for before it is sent: journal record `seq`, written in `epoch`.
+#[derive(Debug, Clone, Copy)]
+pub struct Wait {
+    pub seq: u64,
+    pub epoch: u64,
+}
+
+fn unavailable(fault: &Fault) -> StoreError {
+    StoreError::Unavailable(format!("storage cannot take writes: {}", fault.why))
+}
+
 impl Shared {
-    fn unavailable(&self) -> Option<StoreError> {
-        self.failure
-            .get()
-            .map(|why| StoreError::Unavailable(why.clone()))
+    /// The journal could not be written: see the module's documentation.
+    fn fail(&self, why: String) {
+        if let Ok(mut ledger) = self.ledger.lock() {
+            self.fault_locked(&mut ledger, why);
+        }
+        self.waiters.wake_all();
+        self.work.notify_one();
     }
 
-    fn fail(&self, why: String) {
-        tracing::error!(%why, "journal write failed: refusing all commands until restart");
-        let _ = self.failure.set(why);
-        self.waiters.wake_all();
+    /// [`Self::fail`] with the ledger lock held (the caller wakes the waiters and syncer).
+    fn fault_locked(&self, ledger: &mut Ledger, why: String) {
+        tracing::error!(%why, "journal write failed: refusing writes until it can be written again");
+        if let Some(fault) = &mut ledger.fault {
+            // Already faulted (a failure while healing): the state is the durable one or
+            // is about to be read again from the disk.
+            fault.why = why;
+            return;
+        }
+        self.counters.faults.fetch_add(1, Ordering::Relaxed);
+        ledger.fault = Some(Fault {
+            why,
+            readable: false,
+        });
+        // Records not durable are never written now: their requests are refused.
+        ledger.pending.clear();
+        ledger.history.clear();
+        self.durable_at_fault
+            .store(self.durable_seq.load(Ordering::Acquire), Ordering::Release);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// While the journal is faulted: what changes nothing (a read, a refusal) is served from
+    /// the durable state once it is rolled back; anything with an effect or an audit entry
+    /// is refused, and the state is left as it was.
+    fn serve_faulted<O: Operation>(
+        ledger: &Ledger,
+        fault: &Fault,
+        operation: O,
+        now: i64,
+        context: RequestContext<O::Output>,
+    ) -> Result<(Reply<O::Output>, Option<Wait>), StoreError> {
+        if !fault.readable {
+            return Err(unavailable(fault));
+        }
+        let RequestContext { origin, audit } = context;
+        let staged = stage_in(&ledger.state, operation, now, &origin);
+        let audited = audit.is_some_and(|audit| {
+            audit(AuditFacts {
+                result: &staged.result,
+                tenant: staged.tenant.as_ref(),
+                state: &ledger.state,
+                now,
+            })
+            .is_some()
+        });
+        if !staged.effects.is_empty() || audited {
+            return Err(unavailable(fault));
+        }
+        let reply = Reply {
+            result: staged.result,
+            tenant: staged.tenant,
+        };
+        Ok((reply, None))
     }
 
     /// Applies a command and returns its reply with the journal sequence number that must be
@@ -128,17 +222,18 @@ impl Shared {
         operation: O,
         wake_syncer: bool,
         context: RequestContext<O::Output>,
-    ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
-        let RequestContext { origin, audit } = context;
+    ) -> Result<(Reply<O::Output>, Option<Wait>), StoreError> {
         let mut ledger = lock(&self.ledger)?;
         if ledger.closed {
             return Err(StoreError::ShuttingDown);
         }
-        if let Some(refused) = self.unavailable() {
-            return Err(refused);
-        }
         let now = self.clock.now_ms().max(ledger.last_now);
         ledger.last_now = now;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if let Some(fault) = &ledger.fault {
+            return Self::serve_faulted(&ledger, fault, operation, now, context);
+        }
+        let RequestContext { origin, audit } = context;
         let mut applied = apply_in(&mut ledger.state, operation, now, &origin);
         let entry = audit.and_then(|audit| {
             audit(AuditFacts {
@@ -163,9 +258,13 @@ impl Shared {
             };
             let was_idle = ledger.pending.is_empty();
             if let Err(e) = encode_record(&record, &mut ledger.pending) {
-                // The state already changed: without its record nothing after it is safe.
-                self.fail(e.to_string());
-                return Err(StoreError::Unavailable(e.to_string()));
+                // The state already changed: without its record it must be rolled back.
+                let why = e.to_string();
+                self.fault_locked(&mut ledger, why.clone());
+                drop(ledger);
+                self.waiters.wake_all();
+                self.work.notify_one();
+                return Err(StoreError::Unavailable(why));
             }
             // Only history whose frame is in the buffer: never any without its record.
             let seq = ledger.next_seq;
@@ -181,8 +280,8 @@ impl Shared {
         // Even a read or a refusal saw the state up to here, so it waits for that too: a
         // reply never shows what a crash could still undo.
         let seen = ledger.next_seq - 1;
-        let wait =
-            (ledger.journaled && self.durable_seq.load(Ordering::Acquire) < seen).then_some(seen);
+        let wait = (ledger.journaled && self.durable_seq.load(Ordering::Acquire) < seen)
+            .then_some(Wait { seq: seen, epoch });
         let journaled = ledger.journaled;
         drop(ledger);
         if !journaled && !items.is_empty() {
@@ -196,11 +295,13 @@ impl Shared {
         Ok((reply, wait))
     }
 
-    /// Returns once journal record `seq` is durable.
-    pub fn wait_durable(&self, seq: u64) -> Durable<'_> {
+    /// Returns once the journal record `wait` names is durable; refused if a fault ends its
+    /// epoch first.
+    pub fn wait_durable(&self, wait: Wait) -> Durable<'_> {
         Durable {
             shared: self,
-            key: self.waiters.key(seq),
+            key: self.waiters.key(wait.seq),
+            epoch: wait.epoch,
         }
     }
 
@@ -220,9 +321,20 @@ impl Shared {
             return;
         };
         loop {
-            if let Err(e) = self.wait_for_work() {
-                self.fail(e.to_string());
-                return;
+            match self.wait_for_work() {
+                Ok(Work::Round) => {}
+                Ok(Work::Heal) => {
+                    if self.heal(journal) {
+                        continue;
+                    }
+                    // Closing while faulted: nothing more can be written.
+                    self.waiters.wake_all();
+                    return;
+                }
+                Err(e) => {
+                    self.fail(e.to_string());
+                    return;
+                }
             }
             let Ok(mut syncer) = lock(journal) else {
                 self.fail("the journal's owner panicked".into());
@@ -240,7 +352,7 @@ impl Shared {
             let (closing, final_snapshot) = (round.closing, round.final_snapshot);
             if let Err(e) = self.sync(&mut syncer, round) {
                 self.fail(e.to_string());
-                return;
+                continue;
             }
             if closing {
                 self.waiters.wake_all();
@@ -271,13 +383,86 @@ impl Shared {
         })
     }
 
-    /// Waits until there are pending frames, or shutdown.
-    fn wait_for_work(&self) -> Result<(), StoreError> {
+    /// Waits until there are pending frames, shutdown, or a fault.
+    fn wait_for_work(&self) -> Result<Work, StoreError> {
         let mut ledger = lock(&self.ledger)?;
-        while ledger.pending.is_empty() && !ledger.closed {
+        while ledger.pending.is_empty() && !ledger.closed && ledger.fault.is_none() {
             ledger = self.work.wait(ledger).map_err(|_| {
                 StoreError::Unavailable("the ledger panicked; restart the server".into())
             })?;
+        }
+        Ok(match ledger.fault {
+            Some(_) => Work::Heal,
+            None => Work::Round,
+        })
+    }
+
+    /// After a fault: tries to heal the journal until it is healed (`true`) or the store
+    /// closes (`false`), waiting longer after each failure.
+    fn heal(&self, journal: &Mutex<Syncer>) -> bool {
+        let mut delay = HEAL_FIRST_DELAY;
+        let mut last_error = String::new();
+        loop {
+            let Ok(mut syncer) = lock(journal) else {
+                return false;
+            };
+            match self.try_heal(&mut syncer) {
+                Ok(()) => return true,
+                Err(e) => {
+                    let why = e.to_string();
+                    // Said once per distinct error, not at every attempt.
+                    if why != last_error {
+                        tracing::warn!(error = %why, "the journal cannot be written yet; retrying");
+                        last_error = why;
+                    }
+                }
+            }
+            drop(syncer);
+            let Ok(ledger) = lock(&self.ledger) else {
+                return false;
+            };
+            if ledger.closed {
+                return false;
+            }
+            let Ok((ledger, _)) = self.work.wait_timeout(ledger, delay) else {
+                return false;
+            };
+            if ledger.closed {
+                return false;
+            }
+            delay = (delay * 2).min(HEAL_MAX_DELAY);
+        }
+    }
+
+    /// One attempt at healing: the state rolled back to the durable records (read from the
+    /// disk), then the journal cut back to them and written again (see
+    /// [`JournalWriter::discard_unsynced`]). Writes resume when both succeed.
+    fn try_heal(&self, syncer: &mut Syncer) -> io::Result<()> {
+        // The failed round's frames are never written now.
+        syncer.spare.clear();
+        let readable = lock(&self.ledger)
+            .map_err(io::Error::other)?
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.readable);
+        let durable = self.durable_seq.load(Ordering::Acquire);
+        if !readable {
+            let state = recover_until(&syncer.dir, durable)?;
+            let mut ledger = lock(&self.ledger).map_err(io::Error::other)?;
+            ledger.state = state;
+            ledger.next_seq = durable + 1;
+            if let Some(fault) = &mut ledger.fault {
+                fault.readable = true;
+            }
+            tracing::warn!(
+                durable_seq = durable,
+                "state rolled back to the durable journal records: serving reads, refusing writes"
+            );
+        }
+        syncer.journal.discard_unsynced()?;
+        let mut ledger = lock(&self.ledger).map_err(io::Error::other)?;
+        if let Some(fault) = ledger.fault.take() {
+            tracing::warn!(after = %fault.why, "the journal is writable again: accepting writes");
         }
         Ok(())
     }
@@ -375,6 +560,12 @@ impl Shared {
     }
 }
 
+/// What the syncer wakes up for.
+enum Work {
+    Round,
+    Heal,
+}
+
 /// What one group commit covers.
 struct Round {
     /// Every record up to this sequence number is in the round's frames (or already durable).
@@ -417,6 +608,7 @@ impl Syncer {
 pub struct Durable<'a> {
     shared: &'a Shared,
     key: WaitKey,
+    epoch: u64,
 }
 
 impl Future for Durable<'_> {
@@ -427,13 +619,26 @@ impl Future for Durable<'_> {
         // Registered before the checks below, so a sync that ends in between still wakes
         // this request.
         shared.waiters.register(key, cx.waker());
-        if shared.durable_seq.load(Ordering::Acquire) >= key.0 {
-            return Poll::Ready(Ok(()));
+        // The durable sequence is read before the epoch: a sequence published after a fault
+        // (by a later epoch, whose numbers repeat this one's) comes with that fault's epoch.
+        let durable = shared.durable_seq.load(Ordering::Acquire);
+        let epoch = shared.epoch.load(Ordering::Acquire);
+        if epoch == self.epoch {
+            return match durable >= key.0 {
+                true => Poll::Ready(Ok(())),
+                false => Poll::Pending,
+            };
         }
-        match shared.unavailable() {
-            Some(refused) => Poll::Ready(Err(refused)),
-            None => Poll::Pending,
-        }
+        // A fault ended this record's epoch: it counts only if it was durable before that,
+        // and only if no later fault has come since (then it is refused, never guessed).
+        let was_durable =
+            epoch == self.epoch + 1 && shared.durable_at_fault.load(Ordering::Acquire) >= key.0;
+        Poll::Ready(match was_durable {
+            true => Ok(()),
+            false => Err(StoreError::Unavailable(
+                "storage failed before this change was durable: it was not recorded".into(),
+            )),
+        })
     }
 }
 

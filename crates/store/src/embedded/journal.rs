@@ -18,10 +18,12 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ledger::{Effect, Millis};
 use serde::{Deserialize, Serialize};
 
+use super::faults::{DiskFaults, DiskOp};
 use super::files::{private_file, segment_path, sync_dir, FORMAT_VERSION};
 
 const MAGIC: &[u8; 4] = b"CYCJ";
@@ -88,6 +90,8 @@ pub struct JournalWriter {
     segment_len: u64,
     /// The file's length: zeros from `segment_len` to here.
     allocated: u64,
+    /// Checked before each write, resize and sync (armed only by tests).
+    faults: Arc<DiskFaults>,
 }
 
 /// The bytes a segment starts with: its magic and format version.
@@ -99,26 +103,38 @@ pub fn segment_header() -> [u8; HEADER_LEN as usize] {
 }
 
 impl JournalWriter {
-    /// Starts a new segment whose first record will be `first_seq`.
-    pub fn create(dir: &Path, first_seq: u64) -> io::Result<Self> {
+    /// Starts a new segment whose first record will be `first_seq`. A segment that cannot
+    /// be made whole is removed again: left half-written, it would read as damage once a
+    /// later segment exists.
+    pub fn create(dir: &Path, first_seq: u64, faults: Arc<DiskFaults>) -> io::Result<Self> {
         let path = segment_path(dir, first_seq);
-        let mut file = private_file().create_new(true).write(true).open(&path)?;
-        file.write_all(&segment_header())?;
+        faults.check(DiskOp::Write)?;
+        let file = private_file().create_new(true).write(true).open(&path)?;
         let mut writer = JournalWriter {
             dir: dir.to_path_buf(),
             file,
             segment_len: HEADER_LEN,
-            allocated: HEADER_LEN,
+            allocated: 0,
+            faults,
         };
-        writer.preallocate(0)?;
-        writer.file.sync_all()?;
-        sync_dir(dir)?;
-        Ok(writer)
+        let made = writer.start_segment();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        made.map(|()| writer)
+    }
+
+    fn start_segment(&mut self) -> io::Result<()> {
+        self.write(&segment_header())?;
+        self.allocated = HEADER_LEN;
+        self.preallocate(0)?;
+        self.sync(true)?;
+        sync_dir(&self.dir)
     }
 
     /// Continues an existing segment whose records end at `len` (what follows, if anything,
     /// is zeros: recovery cuts anything else off).
-    pub fn reopen(dir: &Path, path: &Path, len: u64) -> io::Result<Self> {
+    pub fn reopen(dir: &Path, path: &Path, len: u64, faults: Arc<DiskFaults>) -> io::Result<Self> {
         let mut file = OpenOptions::new().write(true).open(path)?;
         let allocated = file.metadata()?.len().max(len);
         file.seek(SeekFrom::Start(len))?;
@@ -127,20 +143,51 @@ impl JournalWriter {
             file,
             segment_len: len,
             allocated,
+            faults,
         })
     }
 
     /// One write and one `fdatasync` for a run of frames from [`encode_record`]. When the
     /// frames would pass the zeros, more are written first, under the same `fdatasync`.
+    /// The records' end moves only when both succeed: after a failure, [`Self::discard_unsynced`]
+    /// cuts back to it.
     pub fn write_durable(&mut self, frames: &[u8]) -> io::Result<()> {
         let len = frames.len() as u64;
         if self.segment_len + len > self.allocated {
             self.preallocate(len)?;
         }
-        self.file.write_all(frames)?;
-        self.file.sync_data()?;
+        self.write(frames)?;
+        self.sync(false)?;
         self.segment_len += len;
         Ok(())
+    }
+
+    /// After a failed write or sync: drops everything past the durable records (frames that
+    /// may or may not have reached the disk, and must never be read as records) and shows
+    /// that the disk takes writes again. The file is cut back to its records, its zeros
+    /// written afresh and the whole synced: never a second `fdatasync` over the failed
+    /// pages, which the kernel may have marked clean without writing them.
+    pub fn discard_unsynced(&mut self) -> io::Result<()> {
+        self.faults.check(DiskOp::Resize)?;
+        self.file.set_len(self.segment_len)?;
+        self.allocated = self.segment_len;
+        self.preallocate(0)?;
+        self.sync(true)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.faults.check(DiskOp::Write)?;
+        self.file.write_all(bytes)
+    }
+
+    /// `fdatasync`, or `fsync` with `metadata` (after a change of the file's size).
+    fn sync(&self, metadata: bool) -> io::Result<()> {
+        self.faults.check(DiskOp::Sync)?;
+        if metadata {
+            self.file.sync_all()
+        } else {
+            self.file.sync_data()
+        }
     }
 
     /// Fills the file with zeros to at least [`PREALLOCATE_BYTES`] past the records plus
@@ -152,7 +199,7 @@ impl JournalWriter {
         let zeros = [0u8; 64 << 10];
         while self.allocated < target {
             let n = (target - self.allocated).min(zeros.len() as u64) as usize;
-            self.file.write_all(&zeros[..n])?;
+            self.write(&zeros[..n])?;
             self.allocated += n as u64;
         }
         self.file.seek(SeekFrom::Start(self.segment_len))?;
@@ -165,7 +212,7 @@ impl JournalWriter {
 
     /// Closes this segment and starts the next one at `next_seq`.
     pub fn rotate(&mut self, next_seq: u64) -> io::Result<()> {
-        *self = JournalWriter::create(&self.dir, next_seq)?;
+        *self = JournalWriter::create(&self.dir, next_seq, self.faults.clone())?;
         Ok(())
     }
 }

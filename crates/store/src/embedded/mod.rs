@@ -5,6 +5,8 @@
 //! background and let older journal segments go.
 
 mod commit;
+mod faults;
+pub use faults::{DiskFault, DiskFaults};
 mod files;
 pub use files::{create_private_dir, private_file};
 pub mod journal;
@@ -16,7 +18,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 
 use std::time::Duration;
@@ -26,7 +28,7 @@ use ledger::{Operation, State};
 use crate::history::History;
 use crate::history::{Projector, Retention};
 use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
-use commit::{Counters, Ledger, Shared, Syncer};
+use commit::{Counters, Ledger, Shared, Syncer, Wait};
 use journal::{JournalWriter, HEADER_LEN};
 pub use recovery::{recover, recover_with_history, Recovered};
 use waiters::Waiters;
@@ -68,6 +70,8 @@ pub struct EmbeddedConfig {
     pub clock: Arc<dyn Clock>,
     /// How long audit entries are kept in the history store.
     pub retention: Retention,
+    /// Faults injected into the journal's file operations (tests arm them; none by default).
+    pub faults: Arc<DiskFaults>,
 }
 
 impl EmbeddedConfig {
@@ -82,6 +86,7 @@ impl EmbeddedConfig {
             snapshot_after_bytes: DEFAULT_SNAPSHOT_AFTER_BYTES,
             clock,
             retention: Retention::default(),
+            faults: Arc::default(),
         }
     }
 }
@@ -142,12 +147,14 @@ impl EmbeddedStore {
                 journaled: syncer.is_some(),
                 closed: false,
                 final_snapshot: false,
+                fault: None,
             }),
             journal: syncer.map(Mutex::new),
             work: Condvar::new(),
             durable_seq: AtomicU64::new(report.last_seq),
             waiters: Waiters::default(),
-            failure: OnceLock::new(),
+            epoch: AtomicU64::new(0),
+            durable_at_fault: AtomicU64::new(0),
             counters: Counters::default(),
             clock: config.clock,
             projector,
@@ -184,8 +191,8 @@ impl EmbeddedStore {
         context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
         let (reply, wait) = self.apply(operation, load, context)?;
-        if let Some(seq) = wait {
-            self.shared.wait_durable(seq).await?;
+        if let Some(wait) = wait {
+            self.shared.wait_durable(wait).await?;
         }
         Ok(reply)
     }
@@ -197,7 +204,7 @@ impl EmbeddedStore {
         operation: O,
         load: Load,
         context: RequestContext<O::Output>,
-    ) -> Result<(Reply<O::Output>, Option<u64>), StoreError> {
+    ) -> Result<(Reply<O::Output>, Option<Wait>), StoreError> {
         let journal = match (load, &self.shared.journal) {
             (Load::Alone, Some(journal)) => journal.try_lock().ok(),
             _ => None,
@@ -256,12 +263,14 @@ fn open_durable(
     };
     let next_seq = recovered.last_seq + 1;
     let journal = match &recovered.tail_segment {
-        Some((path, len)) if *len >= HEADER_LEN => JournalWriter::reopen(dir, path, *len)?,
+        Some((path, len)) if *len >= HEADER_LEN => {
+            JournalWriter::reopen(dir, path, *len, config.faults.clone())?
+        }
         Some((path, _)) => {
             fs::remove_file(path)?;
-            JournalWriter::create(dir, next_seq)?
+            JournalWriter::create(dir, next_seq, config.faults.clone())?
         }
-        None => JournalWriter::create(dir, next_seq)?,
+        None => JournalWriter::create(dir, next_seq, config.faults.clone())?,
     };
     let report = OpenReport {
         snapshot_seq: recovered.snapshot_seq,
@@ -319,11 +328,24 @@ impl Store for EmbeddedStore {
     }
 
     fn health(&self) -> Health {
-        let closed = self.shared.ledger.lock().map_or(true, |l| l.closed);
-        match self.shared.failure.get() {
-            Some(why) => Health {
+        let (closed, fault) = self
+            .shared
+            .ledger
+            .lock()
+            .map_or((true, None), |l| (l.closed, l.fault.clone()));
+        match fault {
+            Some(fault) => Health {
                 ready: false,
-                detail: format!("journal unavailable: {why}"),
+                detail: format!(
+                    "journal unavailable ({}), {}: {}",
+                    if fault.readable {
+                        "serving reads"
+                    } else {
+                        "serving nothing"
+                    },
+                    "refusing writes until it can be written again",
+                    fault.why
+                ),
             },
             None if closed => Health {
                 ready: false,
@@ -338,10 +360,17 @@ impl Store for EmbeddedStore {
 
     fn metrics(&self) -> Vec<Metric> {
         // Sizes are read from the state when asked, not counted on every command.
-        let (reservations, budgets, due) = self.shared.ledger.lock().map_or((0, 0, 0), |l| {
-            let s = &l.state;
-            (s.reservation_count(), s.budget_count(), s.deliveries_due())
-        });
+        let (reservations, budgets, due, faulted) =
+            self.shared.ledger.lock().map_or((0, 0, 0, true), |l| {
+                let s = &l.state;
+                let faulted = l.fault.is_some();
+                (
+                    s.reservation_count(),
+                    s.budget_count(),
+                    s.deliveries_due(),
+                    faulted,
+                )
+            });
         let c = &self.shared.counters;
         let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
         vec![
@@ -380,6 +409,18 @@ impl Store for EmbeddedStore {
                 "Snapshots started.",
                 true,
                 get(&c.snapshots),
+            ),
+            metric(
+                "cycles_journal_faults_total",
+                "Times the journal could not be written (writes refused until it could again).",
+                true,
+                get(&c.faults),
+            ),
+            metric(
+                "cycles_journal_faulted",
+                "1 while the journal cannot be written and writes are refused.",
+                false,
+                u64::from(faulted),
             ),
             metric(
                 "cycles_store_waiting_for_sync",

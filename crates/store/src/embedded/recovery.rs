@@ -37,6 +37,20 @@ pub fn recover(dir: &Path, repair: bool) -> io::Result<Recovered> {
     recover_with_history(dir, repair, u64::MAX, |_, _| {})
 }
 
+/// The state as of journal record `last` (read-only): what a store whose journal failed
+/// rolls back to, the records it made durable. Records after `last` (a failed round's, which
+/// may or may not be on the disk) are not read.
+pub(crate) fn recover_until(dir: &Path, last: u64) -> io::Result<State> {
+    let recovered = recover_bounded(dir, false, u64::MAX, last, |_, _| {})?;
+    if recovered.last_seq != last {
+        return Err(io::Error::other(format!(
+            "the journal holds records up to {} where {last} were made durable",
+            recovered.last_seq
+        )));
+    }
+    Ok(recovered.state)
+}
+
 /// Recovers the state as [`recover`] does, and hands the history (audit entries, events,
 /// deliveries) of the records after `history_held` (the last one the history store holds)
 /// to `on_history`, whether or not a
@@ -45,9 +59,20 @@ pub fn recover_with_history(
     dir: &Path,
     repair: bool,
     history_held: u64,
+    on_history: impl FnMut(u64, Item),
+) -> io::Result<Recovered> {
+    recover_bounded(dir, repair, history_held, u64::MAX, on_history)
+}
+
+/// Recovery up to record `last` at most.
+fn recover_bounded(
+    dir: &Path,
+    repair: bool,
+    history_held: u64,
+    last: u64,
     mut on_history: impl FnMut(u64, Item),
 ) -> io::Result<Recovered> {
-    let (mut state, snapshot_seq) = latest_snapshot(dir)?;
+    let (mut state, snapshot_seq) = latest_snapshot(dir, last)?;
     let mut last_seq = snapshot_seq.unwrap_or(0);
     let mut records_replayed = 0;
     let mut truncated_bytes = 0;
@@ -56,6 +81,9 @@ pub fn recover_with_history(
     for (i, (_, path)) in segments.iter().enumerate() {
         let mut gap = None;
         let end = read_segment(path, |record| {
+            if record.seq > last {
+                return false;
+            }
             if record.seq > history_held {
                 for item in record.effects.iter().filter_map(Item::of) {
                     on_history(record.seq, item);
@@ -84,6 +112,11 @@ pub fn recover_with_history(
                  open the data directory (restore it from a backup)",
                 path.display()
             )));
+        }
+        if last_seq == last {
+            // Bounded, and the bound is reached: what follows is not read.
+            tail_segment = Some((path.clone(), end.valid_len));
+            break;
         }
         let torn = !end.clean;
         if torn && i + 1 < segments.len() {
@@ -114,9 +147,10 @@ pub fn recover_with_history(
     })
 }
 
-fn latest_snapshot(dir: &Path) -> io::Result<(State, Option<u64>)> {
+/// The newest whole snapshot of a record up to `last`.
+fn latest_snapshot(dir: &Path, last: u64) -> io::Result<(State, Option<u64>)> {
     for (_, path) in list_snapshots(dir)?.into_iter().rev() {
-        if let Some((seq, data)) = read_snapshot(&path)? {
+        if let Some((seq, data)) = read_snapshot(&path)?.filter(|(seq, _)| *seq <= last) {
             return Ok((State::from_snapshot(data), Some(seq)));
         }
         tracing::warn!(path = %path.display(), "skipping an incomplete or corrupt snapshot");

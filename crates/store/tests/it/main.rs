@@ -1,6 +1,7 @@
 //! The store's integration tests, in one binary.
 
 mod compat;
+mod faults;
 mod history;
 mod privacy;
 mod recovery;

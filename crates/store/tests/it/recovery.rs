@@ -26,8 +26,8 @@ use tempfile::TempDir;
 
 const TENANT: &str = "t";
 const DIGEST: [u8; 32] = [7; 32];
-const UNIT: Unit = Unit::UsdMicrocents;
-const T0: i64 = 1_800_000_000_000;
+pub(crate) const UNIT: Unit = Unit::UsdMicrocents;
+pub(crate) const T0: i64 = 1_800_000_000_000;
 /// Clock advance between commands (well inside the default 60 s reservation TTL).
 const STEP_MS: i64 = 10;
 /// Commands per workload.
@@ -45,7 +45,7 @@ const FRAME_HEADER: usize = 8;
 /// them in one list, so the answers of the store and of the model are compared as their
 /// `Debug` text (every field, so equal text is equal answers).
 #[derive(Clone)]
-enum Command {
+pub(crate) enum Command {
     CreateTenant(CreateTenant),
     CreateApiKey(CreateApiKey),
     CreateBudget(CreateBudget),
@@ -57,7 +57,7 @@ enum Command {
 }
 
 /// An operation's answer with its output as text.
-type Answer = Result<String, Rejection>;
+pub(crate) type Answer = Result<String, Rejection>;
 
 fn answer<T: std::fmt::Debug>(result: Result<T, Rejection>) -> Answer {
     result.map(|output| format!("{output:?}"))
@@ -94,7 +94,7 @@ impl Command {
     }
 
     /// Sends the command to the store.
-    async fn execute(self, store: &EmbeddedStore, load: Load) -> Answer {
+    pub(crate) async fn execute(self, store: &EmbeddedStore, load: Load) -> Answer {
         let answered =
             with_operation!(self, op => store.execute(op, load).await.map(|r| answer(r.result)));
         answered.expect("the store answers")
@@ -149,7 +149,7 @@ fn budget(scope: &str, allocated: i64) -> Command {
 }
 
 /// A tenant, its API key, and budgets at the tenant and at one agent.
-fn provisioning() -> Vec<Command> {
+pub(crate) fn provisioning() -> Vec<Command> {
     vec![
         tenant(TENANT),
         Command::CreateApiKey(CreateApiKey {
@@ -221,7 +221,7 @@ fn release(id: &str) -> Command {
     })
 }
 
-fn credit(n: usize) -> Command {
+pub(crate) fn credit(n: usize) -> Command {
     Command::FundBudget(FundBudget {
         actor: Actor::Admin,
         fund: Funding {

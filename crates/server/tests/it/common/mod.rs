@@ -164,9 +164,27 @@ impl TestServer {
 
     /// A server whose options `configure` changes from the defaults (a rate limit, say).
     pub async fn start_with(engine: Engine, configure: impl FnOnce(&mut ServerOptions)) -> Self {
+        Self::start_on(|dir, clock| engine.open(dir, clock), configure).await
+    }
+
+    /// A server on the embedded engine whose store `configure` changes (injected disk
+    /// faults, say).
+    pub async fn start_embedded(configure: impl FnOnce(&mut EmbeddedConfig)) -> Self {
+        let open = |dir: &Path, clock: Arc<ManualClock>| {
+            let mut config = EmbeddedConfig::new(dir, Durability::Strict, clock);
+            configure(&mut config);
+            EmbeddedStore::open(config).expect("open store").0.into()
+        };
+        Self::start_on(open, |_| {}).await
+    }
+
+    async fn start_on(
+        open: impl FnOnce(&Path, Arc<ManualClock>) -> store::Engine,
+        configure: impl FnOnce(&mut ServerOptions),
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(ManualClock::new(T0));
-        let store = engine.open(dir.path(), clock.clone());
+        let store = open(dir.path(), clock.clone());
         let mut options = ServerOptions {
             listen: "127.0.0.1:0".parse().expect("addr"),
             admin_api_key: ADMIN_KEY.into(),
@@ -391,4 +409,16 @@ pub fn reserve_body(key: &str, subject: Value, estimate: i64) -> Value {
         "action": {"kind": "llm.completion", "name": "gpt-4o-mini"},
         "estimate": {"unit": "USD_MICROCENTS", "amount": estimate},
     })
+}
+
+/// The value of a metric on `/metrics`.
+pub async fn metric(server: &TestServer, name: &str) -> u64 {
+    let text = server.get("/metrics", As::Admin).await;
+    let text = text.body.as_str().expect("metrics text").to_string();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} not on /metrics"))
+        .trim()
+        .parse()
+        .expect("a number")
 }
