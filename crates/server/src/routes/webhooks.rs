@@ -581,6 +581,7 @@ async fn replay(
     summary = "The webhook URL security configuration (SSRF guard)",
     responses(
         (status = 200, description = "The configuration", body = WebhookSecurityBody),
+        Errors<()>,
     ),
     security(("AdminKeyAuth" = [])),
 )]

@@ -368,6 +368,10 @@ async fn documented_security_is_enforced(engine: Engine) {
             (As::Key(&key), tenant, "a tenant key"),
         ] {
             let r = s.send(method.clone(), &concrete, who, None).await;
+            assert!(
+                r.status != 401 || op["responses"].get("401").is_some(),
+                "{method} {template} answers 401 but does not document it"
+            );
             if listed {
                 assert_ne!(
                     r.status, 401,
