@@ -104,9 +104,10 @@ pub struct ReservationListParams {
     #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
     pub limit: Option<PageSize>,
     /// Optional projections, comma-separated (repeating the parameter adds more):
-    /// `metadata`, `committed_metadata`. Other tokens and empty items are ignored.
+    /// `metadata`, `committed_metadata`. Other tokens and empty items are ignored; at most
+    /// 25 items.
     #[serde(default)]
-    #[param(style = Form, explode = false)]
+    #[param(style = Form, explode = false, max_items = 25)]
     pub include: Vec<String>,
 }
 

@@ -7,7 +7,8 @@
 //! 400 INVALID_REQUEST naming it: picking one of two values, or reading an empty one as
 //! absent, would answer a question the client did not ask. Values are trimmed. A list
 //! parameter (a `Vec` field) takes a comma-separated list, the parameter repeated, or both;
-//! its empty items are skipped.
+//! its empty items are skipped, and it takes at most [`MAX_LIST_ITEMS`] items, empty ones
+//! counted (a list's length is what was sent, not what was kept).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -17,6 +18,9 @@ use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAc
 use serde::forward_to_deserialize_any;
 
 use crate::{ApiError, DEFAULT_PAGE_SIZE, MAX_ADMIN_PAGE_SIZE, MAX_PAGE_SIZE};
+
+/// The most items a list parameter takes.
+pub(crate) const MAX_LIST_ITEMS: usize = 25;
 
 /// A query parameter's name and every value it was given, in order of appearance.
 type Param<'a> = (Cow<'a, str>, Vec<Cow<'a, str>>);
@@ -283,8 +287,13 @@ impl<'de, 'a> de::Deserializer<'de> for Values<'a> {
         }
     }
 
-    /// A list: every comma-separated item of every value, trimmed, empty items skipped.
+    /// A list: every comma-separated item of every value, trimmed, empty items skipped; at
+    /// most [`MAX_LIST_ITEMS`] items sent.
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, QueryError> {
+        let sent: usize = self.0.iter().map(|value| value.split(',').count()).sum();
+        if sent > MAX_LIST_ITEMS {
+            return Err(QueryError(format!("at most {MAX_LIST_ITEMS} items")));
+        }
         let items = self
             .0
             .iter()
@@ -412,6 +421,26 @@ mod tests {
         let p = probe("include=a,%20b,,&include=c&include=").unwrap();
         assert_eq!(p.include, ["a", "b", "c"]);
         assert!(probe("include=").unwrap().include.is_empty());
+    }
+
+    #[test]
+    fn a_list_takes_at_most_25_items_sent_empty_ones_too() {
+        let items = |n: usize, item: &str| vec![item; n].join(",");
+        assert_eq!(
+            probe(&format!("include={}", items(25, "a")))
+                .unwrap()
+                .include
+                .len(),
+            25
+        );
+        for query in [
+            format!("include={}", items(26, "a")),
+            format!("include={}", items(26, "")),
+            format!("include={}&include={}", items(13, "a"), items(13, "")),
+        ] {
+            let e = probe(&query).unwrap_err();
+            assert_eq!(e, "include: at most 25 items", "{query}");
+        }
     }
 
     #[test]
