@@ -677,7 +677,7 @@ pub async fn list_tenant_webhooks(
     params(WebhookPath),
     responses(
         (status = 200, description = "The subscription", body = WebhookResponse),
-        Errors<(NotFound,)>,
+        Errors<(Forbidden, NotFound)>,
     ),
     security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
 )]
@@ -698,7 +698,7 @@ pub async fn get_tenant_webhook(
     request_body = WebhookUpdateRequest,
     responses(
         (status = 200, description = "The updated subscription", body = WebhookResponse),
-        Errors<(BadRequest, NotFound, Conflict)>,
+        Errors<(Forbidden, BadRequest, NotFound, Conflict)>,
     ),
     security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
 )]
@@ -719,7 +719,7 @@ pub async fn update_tenant_webhook(
     params(WebhookPath),
     responses(
         (status = 204, description = "Deleted"),
-        Errors<(NotFound, Conflict)>,
+        Errors<(Forbidden, NotFound, Conflict)>,
     ),
     security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
 )]
@@ -739,7 +739,7 @@ pub async fn delete_tenant_webhook(
     params(WebhookPath),
     responses(
         (status = 200, description = "What the receiver answered", body = WebhookTestResponse),
-        Errors<(NotFound,)>,
+        Errors<(Forbidden, NotFound)>,
     ),
     security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
 )]
@@ -759,7 +759,7 @@ pub async fn test_tenant_webhook(
     params(WebhookPath, DeliveryListParams),
     responses(
         (status = 200, description = "A page of deliveries", body = DeliveryListResponse),
-        Errors<(BadRequest, NotFound)>,
+        Errors<(Forbidden, BadRequest, NotFound)>,
     ),
     security(("ApiKeyAuth" = []), ("AdminKeyAuth" = [])),
 )]
