@@ -10,6 +10,7 @@
 # Each optimisation that lowers a measured figure tightens its budget here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. conformance/lib.sh
 
 # Budgets (BENCHMARKS.md, "Budgets in CI", says where they come from).
 MAX_ALLOCATIONS_PER_RESERVE="${CYCLES_BENCH_MAX_ALLOCATIONS_PER_RESERVE:-69}"
@@ -17,41 +18,17 @@ MAX_ALLOCATIONS_PER_COMMIT="${CYCLES_BENCH_MAX_ALLOCATIONS_PER_COMMIT:-60}"
 MAX_P50_MS="${CYCLES_BENCH_MAX_P50_MS:-50}"
 MAX_P99_MS="${CYCLES_BENCH_MAX_P99_MS:-1000}"
 
-target_dir="${CARGO_TARGET_DIR:-target}"
 echo "== bench smoke: release build with --features alloc-count"
-cargo build --release -p cycles --features alloc-count
-bin="$target_dir/release/cycles"
-out_dir="$target_dir/bench-smoke"
+bin="$(build_cycles --release --features alloc-count)"
+# <target dir>/release/cycles
+out_dir="$(dirname "$(dirname "$bin")")/bench-smoke"
 mkdir -p "$out_dir"
 
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-admin_key="cyc_admin_smoke_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-"$bin" serve --listen 127.0.0.1:0 --data-dir "$work/data" --durability strict \
-  --admin-api-key "$admin_key" --log warn >"$work/server.out" 2>"$work/server.err" &
-server_pid=$!
-
-url=""
-for _ in $(seq 1 100); do
-  url="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$work/server.out" 2>/dev/null | head -n1 || true)"
-  [ -n "$url" ] && break
-  kill -0 "$server_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [ -z "$url" ]; then
-  echo "bench smoke: the server did not start" >&2
-  cat "$work/server.out" "$work/server.err" >&2 || true
-  exit 1
-fi
+admin_key="$(random_key cyc_admin_smoke)"
+start_cycles "$bin" --durability strict --admin-api-key "$admin_key" --log warn
+url="$CYCLES_SERVER_URL"
+server_pid="$CYCLES_SERVER_PID"
+work="$CYCLES_WORK"
 echo "== bench smoke: server $url (pid $server_pid, strict durability)"
 
 "$bin" bench run --url "$url" --admin-key "$admin_key" --data-dir "$work/data" \

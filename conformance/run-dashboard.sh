@@ -13,6 +13,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+. conformance/lib.sh
 
 DIST="${CYCLES_DASHBOARD_DIST:-$ROOT/../shared/dashboard/dist}"
 if [ ! -f "$DIST/index.html" ]; then
@@ -35,13 +36,7 @@ fi
 export CHROMIUM
 
 echo "== build (cargo build --release -p cycles)"
-# The JSON messages name the binary exactly, wherever CARGO_TARGET_DIR or cargo config put it.
-BIN="$(cargo build --release -p cycles --message-format=json-render-diagnostics |
-  sed -n 's/.*"target":{[^}]*"name":"cycles"[^}]*}.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
-if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
-  echo "run-dashboard.sh: could not locate the built cycles binary" >&2
-  exit 1
-fi
+BIN="$(build_cycles --release)"
 # <target dir>/release/cycles
 SHOTS="$(dirname "$(dirname "$BIN")")/dashboard-screenshots"
 rm -rf "$SHOTS"
@@ -51,43 +46,17 @@ export CYCLES_SCREENSHOT_DIR="$SHOTS"
 echo "== node packages (npm ci in conformance/dashboard)"
 (cd conformance/dashboard && npm ci --no-audit --no-fund --loglevel=error)
 
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-CYCLES_ADMIN_KEY="cyc_admin_dashboard_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+CYCLES_ADMIN_KEY="$(random_key cyc_admin_dashboard)"
 export CYCLES_ADMIN_KEY
-"$BIN" serve --listen 127.0.0.1:0 --data-dir "$work/data" --admin-api-key "$CYCLES_ADMIN_KEY" \
-  --dashboard-dir "$DIST" --log warn >"$work/server.out" 2>"$work/server.err" &
-server_pid=$!
-
-CYCLES_URL=""
-for _ in $(seq 1 100); do
-  CYCLES_URL="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$work/server.out" 2>/dev/null |
-    head -n1 || true)"
-  [ -n "$CYCLES_URL" ] && break
-  kill -0 "$server_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [ -z "$CYCLES_URL" ]; then
-  echo "run-dashboard.sh: the server did not start" >&2
-  cat "$work/server.out" "$work/server.err" >&2 || true
-  exit 1
-fi
+start_cycles "$BIN" --admin-api-key "$CYCLES_ADMIN_KEY" --dashboard-dir "$DIST" --log warn
+CYCLES_URL="$CYCLES_SERVER_URL"
 export CYCLES_URL
 echo "== official dashboard in headless Chromium against $CYCLES_URL (dashboard from $DIST)"
 
 status=0
 node conformance/dashboard/dashboard.mjs || status=$?
-if [ "$status" -ne 0 ] && [ -s "$work/server.err" ]; then
+if [ "$status" -ne 0 ] && [ -s "$CYCLES_WORK/server.err" ]; then
   echo "-- server log" >&2
-  cat "$work/server.err" >&2
+  cat "$CYCLES_WORK/server.err" >&2
 fi
 exit "$status"

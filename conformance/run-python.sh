@@ -13,6 +13,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+. conformance/lib.sh
 
 SPEC_DIR="${CYCLES_SPEC_DIR:-$ROOT/../shared/spec/upstream}"
 if [ -f "$SPEC_DIR/cycles-openapi-protocol-merged.yaml" ]; then
@@ -29,23 +30,12 @@ else
 fi
 
 echo "== build (cargo build -p cycles)"
-# The JSON messages name the binary exactly, wherever CARGO_TARGET_DIR or cargo config put it.
-BIN="$(cargo build -p cycles --message-format=json-render-diagnostics |
-  sed -n 's/.*"target":{[^}]*"name":"cycles"[^}]*}.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
-if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
-  echo "run-python.sh: could not locate the built cycles binary" >&2
-  exit 1
-fi
+BIN="$(build_cycles)"
 export CYCLES_BIN="$BIN"
 
 VENV="${CYCLES_VENV:-${HOME:-/root}/.cache/cycles-ci-venv}"
 echo "== python environment ($VENV)"
-if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
-  rm -rf "$VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "${PYTHON:-python3}" -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r conformance/python/requirements.txt
+python_venv "$VENV" conformance/python/requirements.txt
 
 echo "== official Python SDK against the server (pytest)"
 export PYTHONDONTWRITEBYTECODE=1

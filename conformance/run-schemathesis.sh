@@ -18,6 +18,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+. conformance/lib.sh
 SECONDS_PER_RUN="${CYCLES_ST_SECONDS:-40}"
 
 SPEC_DIR="${CYCLES_SPEC_DIR:-$ROOT/../shared/spec/upstream}"
@@ -31,42 +32,16 @@ if [ ! -f "$SPEC_DIR/cycles-openapi-protocol-merged.yaml" ]; then
 fi
 
 echo "== build (cargo build -p cycles)"
-BIN="$(cargo build -p cycles --message-format=json-render-diagnostics |
-  sed -n 's/.*"target":{[^}]*"name":"cycles"[^}]*}.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
-[ -x "$BIN" ] || { echo "run-schemathesis.sh: no cycles binary" >&2; exit 1; }
+BIN="$(build_cycles)"
 
 VENV="${CYCLES_ST_VENV:-${HOME:-/root}/.cache/cycles-st-venv}"
 echo "== schemathesis environment ($VENV)"
-if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
-  rm -rf "$VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "${PYTHON:-python3}" -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-  -r conformance/schemathesis/requirements.txt
+python_venv "$VENV" conformance/schemathesis/requirements.txt
 
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-admin_key="cyc_admin_st_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-"$BIN" serve --listen 127.0.0.1:0 --data-dir "$work/data" --admin-api-key "$admin_key" \
-  --log warn >"$work/server.out" 2>"$work/server.err" &
-server_pid=$!
-url=""
-for _ in $(seq 1 100); do
-  url="$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$work/server.out" | head -n 1)"
-  [ -n "$url" ] && break
-  sleep 0.1
-done
-[ -n "$url" ] || { echo "run-schemathesis.sh: the server did not start" >&2; cat "$work/server.err" >&2; exit 1; }
+admin_key="$(random_key cyc_admin_st)"
+start_cycles "$BIN" --admin-api-key "$admin_key" --log warn
+url="$CYCLES_SERVER_URL"
+work="$CYCLES_WORK"
 
 # A tenant with a budget and a key for the runtime plane.
 admin() {
