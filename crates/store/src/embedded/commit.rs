@@ -24,9 +24,9 @@
 //! the durable records (read again from the disk), which lets reads be served while writes
 //! are refused; then it tries, with backoff, to cut the journal back to its durable records
 //! and write to it again. When that succeeds, writes resume — no restart needed. Sequence
-//! numbers after a fault continue from the durable ones, so each fault starts a new *epoch*:
-//! a request waiting for a record of an earlier epoch is refused unless that record was
-//! durable before the fault.
+//! numbers after a fault continue from the durable ones, so each fault ends an *epoch*
+//! (with the journal held, so no round is being written): a request waiting for a record of
+//! an ended epoch is answered by whether that record was durable when the epoch ended.
 
 use std::future::Future;
 use std::io;
@@ -72,6 +72,8 @@ pub struct Fault {
     /// Whether the state has been rolled back to the durable records: until then nothing at
     /// all is served, since the memory is ahead of the disk.
     pub readable: bool,
+    /// Whether the epoch the fault ended has been closed (see [`Shared::end_epoch`]).
+    pub epoch_ended: bool,
 }
 
 /// Everything under the ledger lock.
@@ -120,9 +122,10 @@ pub struct Shared {
     pub durable_seq: AtomicU64,
     /// Requests waiting for a sync.
     pub waiters: Waiters,
-    /// Bumped by each fault, under the ledger lock and before any later `durable_seq`.
+    /// Bumped once per fault, with the journal and the ledger held, before any later
+    /// `durable_seq` (see [`Shared::end_epoch`]).
     pub epoch: AtomicU64,
-    /// `durable_seq` when the latest fault happened: the last record of the epoch it ended.
+    /// The last durable record of the epoch the latest fault ended.
     pub durable_at_fault: AtomicU64,
     pub counters: Counters,
     pub clock: Arc<dyn Clock>,
@@ -148,16 +151,16 @@ fn unavailable(fault: &Fault) -> StoreError {
 }
 
 impl Shared {
-    /// The journal could not be written: see the module's documentation.
+    /// The journal could not be written: see the module's documentation. The syncer is
+    /// woken to heal; waiting requests are answered when it ends the epoch.
     fn fail(&self, why: String) {
         if let Ok(mut ledger) = self.ledger.lock() {
             self.fault_locked(&mut ledger, why);
         }
-        self.waiters.wake_all();
         self.work.notify_one();
     }
 
-    /// [`Self::fail`] with the ledger lock held (the caller wakes the waiters and syncer).
+    /// [`Self::fail`] with the ledger lock held (the caller wakes the syncer).
     fn fault_locked(&self, ledger: &mut Ledger, why: String) {
         tracing::error!(%why, "journal write failed: refusing writes until it can be written again");
         if let Some(fault) = &mut ledger.fault {
@@ -170,13 +173,31 @@ impl Shared {
         ledger.fault = Some(Fault {
             why,
             readable: false,
+            epoch_ended: false,
         });
-        // Records not durable are never written now: their requests are refused.
+        // Records not yet taken by a round are never written now. Their requests, and those
+        // of a round still being written, learn their fate when the syncer ends the epoch.
         ledger.pending.clear();
         ledger.history.clear();
-        self.durable_at_fault
-            .store(self.durable_seq.load(Ordering::Acquire), Ordering::Release);
+    }
+
+    /// Ends the epoch a fault interrupted, once, with the journal held (so no round is being
+    /// written and `durable_seq` is final for it) and the ledger held: records up to
+    /// `durable_seq` were durable, every later one of that epoch never will be. Waiting
+    /// requests are woken to see which theirs was. Sequence numbers are reused from here on,
+    /// under the new epoch.
+    fn end_epoch(&self, ledger: &mut Ledger) -> bool {
+        let Some(fault) = &mut ledger.fault else {
+            return false;
+        };
+        if fault.epoch_ended {
+            return false;
+        }
+        fault.epoch_ended = true;
+        let durable = self.durable_seq.load(Ordering::Acquire);
+        self.durable_at_fault.store(durable, Ordering::Release);
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        true
     }
 
     /// While the journal is faulted: what changes nothing (a read, a refusal) is served from
@@ -262,7 +283,6 @@ impl Shared {
                 let why = e.to_string();
                 self.fault_locked(&mut ledger, why.clone());
                 drop(ledger);
-                self.waiters.wake_all();
                 self.work.notify_one();
                 return Err(StoreError::Unavailable(why));
             }
@@ -440,11 +460,13 @@ impl Shared {
     fn try_heal(&self, syncer: &mut Syncer) -> io::Result<()> {
         // The failed round's frames are never written now.
         syncer.spare.clear();
-        let readable = lock(&self.ledger)
-            .map_err(io::Error::other)?
-            .fault
-            .as_ref()
-            .is_some_and(|f| f.readable);
+        let readable = {
+            let mut ledger = lock(&self.ledger).map_err(io::Error::other)?;
+            if self.end_epoch(&mut ledger) {
+                self.waiters.wake_all();
+            }
+            ledger.fault.as_ref().is_some_and(|f| f.readable)
+        };
         let durable = self.durable_seq.load(Ordering::Acquire);
         if !readable {
             let state = recover_until(&syncer.dir, durable)?;
