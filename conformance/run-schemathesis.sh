@@ -29,6 +29,8 @@ if [ ! -f "$SPEC_DIR/cycles-openapi-protocol-merged.yaml" ]; then
   fi
   echo "run-schemathesis.sh: warning: no upstream documents in $SPEC_DIR; fuzzing our own only" >&2
   SPEC_DIR=""
+else
+  SPEC_DIR="$(cd "$SPEC_DIR" && pwd)"
 fi
 
 echo "== build (cargo build -p cycles)"
@@ -74,12 +76,14 @@ ours="$strict,status_code_conformance,content_type_conformance,response_headers_
 failed=0
 # One worker: with two, hypothesis (under schemathesis) describes its strategies from two
 # threads at once and trips over CPython's AST recursion check, a failure of the tool.
+# Run from the temporary directory: schemathesis keeps a cache (`.schemathesis/`, with the
+# failures it replays) in its working directory, which must not land in the repository.
 fuzz() {
   local title="$1" config="$2"; shift 2
   echo "== schemathesis: $title"
-  if ! "$VENV/bin/schemathesis" --config-file "$work/$config" run "$@" \
+  if ! (cd "$work" && "$VENV/bin/schemathesis" --config-file "$config" run "$@" \
     --max-time "$SECONDS_PER_RUN" --phases examples,coverage,fuzzing --workers 1 \
-    --no-color --warnings off; then
+    --no-color --warnings off); then
     failed=1
   fi
 }
