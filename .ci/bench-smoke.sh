@@ -26,13 +26,11 @@ mkdir -p "$out_dir"
 
 admin_key="$(random_key cyc_admin_smoke)"
 start_cycles "$bin" --durability strict --admin-api-key "$admin_key" --log warn
-url="$CYCLES_SERVER_URL"
-server_pid="$CYCLES_SERVER_PID"
-work="$CYCLES_WORK"
-echo "== bench smoke: server $url (pid $server_pid, strict durability)"
+echo "== bench smoke: server $CYCLES_SERVER_URL (pid $CYCLES_SERVER_PID, strict durability)"
 
-"$bin" bench run --url "$url" --admin-key "$admin_key" --data-dir "$work/data" \
-  --server-pid "$server_pid" --quick --warmup 20 --iterations 100 \
+"$bin" bench run --url "$CYCLES_SERVER_URL" --admin-key "$admin_key" \
+  --data-dir "$CYCLES_WORK/data" --server-pid "$CYCLES_SERVER_PID" \
+  --quick --warmup 20 --iterations 100 \
   --out "$out_dir/report.json"
 
 echo "== bench smoke: budgets"
