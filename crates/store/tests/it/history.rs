@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ledger::{
-    Actor, AuditEntry, AuditFilter, AuditQuery, AuditSort, CreateTenant, NewTenant, TenantWritten,
+    Actor, AuditEntry, AuditFilter, AuditQuery, AuditSort, CreateTenant, CreateWebhook,
+    DeliveryQuery, EventType, NewTenant, NewWebhook, RetryPolicy, TenantWritten, WebhookPlane,
     Window, ADMIN_TENANT, UNAUTH_TENANT,
 };
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore, OpenReport};
@@ -281,4 +282,69 @@ async fn write_after(store: &EmbeddedStore, clock: &ManualClock) {
         )
         .await
         .unwrap();
+}
+
+/// Events are kept 90 days and webhook deliveries 14 by default (the reference's retention),
+/// each deleted by its own tier.
+#[tokio::test]
+async fn events_and_deliveries_expire_after_their_tiers() {
+    let dir = TempDir::new().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let (store, _) = open(dir.path(), Durability::Strict, &clock, Retention::DEFAULT);
+    let subscribe = CreateWebhook {
+        actor: Actor::Admin,
+        plane: WebhookPlane::Admin,
+        owner: None,
+        webhook: NewWebhook {
+            subscription_id: "whsub_all".into(),
+            name: None,
+            description: None,
+            url: "https://hooks.example/cycles".into(),
+            event_types: vec![EventType::TenantCreated],
+            event_categories: Vec::new(),
+            scope_filter: None,
+            thresholds: None,
+            sealed_secret: "sealed".into(),
+            headers: Vec::new(),
+            retry_policy: RetryPolicy::default(),
+            disable_after_failures: 10,
+            metadata: None,
+        },
+    };
+    store
+        .execute(subscribe, Load::Busy)
+        .await
+        .unwrap()
+        .result
+        .unwrap();
+    let tenant = |id: &'static str| store.execute(create(id, id), Load::Busy);
+    let held = || async {
+        let query = DeliveryQuery {
+            subscription_id: "whsub_all".into(),
+            status: None,
+            from_ms: None,
+            to_ms: None,
+            after: None,
+            limit: 100,
+        };
+        store
+            .read_history(move |h| Ok((h.event_count(), h.delivery_page(&query)?.deliveries.len())))
+            .await
+            .unwrap()
+    };
+    tenant("first").await.unwrap().result.unwrap();
+    clock.advance(20 * DAY_MS);
+    tenant("second").await.unwrap().result.unwrap();
+    // Two `tenant.created` events and the subscription's `webhook.created`; a delivery each
+    // for the two tenants.
+    assert_eq!(held().await, (3, 2));
+
+    // 20 days on: the first delivery is past 14 days, every event within 90.
+    store.expire_history().await;
+    assert_eq!(held().await, (3, 1));
+
+    // 91 days after the first two events, 71 after the last: only it is left.
+    clock.advance(71 * DAY_MS);
+    store.expire_history().await;
+    assert_eq!(held().await, (1, 0));
 }
