@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// milliseconds.
     #[arg(long, env = "CYCLES_SWEEP_INTERVAL_MS", default_value_t = 1_000)]
     sweep_interval_ms: u64,
+    /// How long a settled (committed, released or expired) reservation stays in memory, in
+    /// milliseconds, before it is archived to the history store on disk, where it stays
+    /// readable and replayable for its 30-day retention.
+    #[arg(long, env = "CYCLES_ARCHIVE_AFTER_MS", default_value_t = 2_000)]
+    archive_after_ms: u64,
     /// Journal size (MiB) after which a snapshot is written and older journal dropped (the
     /// journal must also have grown by the last snapshot's size).
     #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_MIB", default_value_t = 256)]
@@ -252,6 +257,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         admin_api_key,
         sweep_interval: Duration::from_millis(args.sweep_interval_ms.max(10)),
+        archive_after: Duration::from_millis(args.archive_after_ms),
         rate_limit: (args.rate_limit_per_second > 0.0).then(|| RateLimit {
             per_second: args.rate_limit_per_second,
             burst: args

@@ -10,6 +10,7 @@
 mod amount;
 mod apikey;
 mod apply;
+mod archive;
 mod budget;
 mod error;
 mod event;
@@ -30,6 +31,7 @@ mod webhook;
 pub use amount::{checked_add, checked_sub, Amount, Unit};
 pub use apikey::{ApiKey, ApiKeyStatus, Permission};
 pub use apply::*;
+pub use archive::{reserve_key_digest, ArchiveLookup, Archived, Found};
 pub use budget::{
     admission_refusal, charge_amount, fund, settle_commit, Budget, BudgetKey, BudgetStatus, Charge,
     FundingOp, OveragePolicy, Refusal, RolloverPolicy,
@@ -56,7 +58,7 @@ pub use scope::{
     derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
 };
 pub use state::{
-    Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, State, Violation,
+    Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, SnapshotV3, State, Violation,
     TERMINAL_RETENTION_MS,
 };
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};

@@ -101,6 +101,18 @@ impl Reservation {
         }
     }
 
+    /// When it reached its final status (`None` while ACTIVE).
+    pub fn settled_at_ms(&self) -> Option<Millis> {
+        match self.status {
+            ReservationStatus::Active => None,
+            _ => Some(
+                self.finalized_at_ms
+                    .or(self.expired_at_ms)
+                    .unwrap_or(self.expires_at_ms),
+            ),
+        }
+    }
+
     /// `max(0, expires_at − now)` while ACTIVE, else 0 (runtime spec §6.8).
     pub fn remaining_ttl_ms(&self, expires_at_ms: Millis, now: Millis) -> i64 {
         if self.effective_status(now) == ReservationStatus::Active {

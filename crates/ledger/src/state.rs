@@ -8,18 +8,21 @@ use imbl::{HashMap as ImHashMap, OrdMap};
 
 use serde::{Deserialize, Serialize};
 
+use crate::archive::{reserve_key_digest, ArchivedKeys};
 use crate::idempotency::{Arrival, IdemEntry, IdemTable};
 use crate::intern::{share_loaded, Placement, Recent};
 use crate::inventory::Inventory;
 use crate::listing::ListIndex;
 use crate::{
-    Action, ApiKey, ApiKeyStatus, AuditEntry, Budget, BudgetKey, Delivery, Event, EventType,
-    IdemKey, IdemRecord, Level, Millis, Policy, RateCount, RateKey, Reservation, ReservationStatus,
-    Tenant, WebhookSecurity, WebhookSubscription, DEFAULT_UTILIZATION_LEVELS,
+    Action, ApiKey, ApiKeyStatus, Archived, AuditEntry, Budget, BudgetKey, Delivery, Endpoint,
+    Event, EventType, IdemKey, IdemRecord, Level, Millis, Policy, RateCount, RateKey, Reservation,
+    ReservationStatus, StoredOutcome, Tenant, WebhookSecurity, WebhookSubscription,
+    DEFAULT_UTILIZATION_LEVELS,
 };
 
 /// How long a settled or expired reservation stays readable (and its commit/release
-/// idempotency records replayable) before it is evicted.
+/// idempotency records replayable) before it is deleted: from the history store, where it
+/// went when it was archived (see [`crate::archive`]).
 pub const TERMINAL_RETENTION_MS: Millis = 30 * 24 * 3_600_000;
 
 /// One change to the state. Journals record effects, not commands, so replaying them does
@@ -32,6 +35,8 @@ pub enum Effect {
     PutPolicy(Policy),
     PutReservation(Arc<Reservation>),
     PutIdempotency(Arc<IdemKey>, Arc<IdemRecord>),
+    /// Written by earlier versions' retention, which kept settled reservations in memory for
+    /// their whole retention; still replayed from their journals.
     RemoveReservation(Arc<str>),
     RemoveIdempotency(Arc<IdemKey>),
     /// An ACTIVE reservation past its grace became EXPIRED at `at_ms` (the `PutBudget`s
@@ -58,14 +63,14 @@ pub enum Effect {
     PutDelivery(Arc<Delivery>),
     /// A policy's count of reservations or commits in the current minute (`rate_limits`).
     PutRateCount(RateKey, RateCount),
-}
-
-/// Something that is due for eviction at a time.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Evictable {
-    Reservation(Arc<str>),
-    /// A record by its arrival (see [`IdemTable`]): a number, not a copy of its key.
-    Idempotency(Arrival),
+    /// A settled reservation leaves the state with its idempotency records, for the history
+    /// store (see [`crate::archive`]); its reserve key's digest stays while its window lasts.
+    ArchiveReservation(Arc<Archived>),
+    /// The archived reserve keys whose windows ended on `day` (days since the epoch) are
+    /// forgotten.
+    ForgetArchivedKeys {
+        day: Millis,
+    },
 }
 
 /// All tenants, keys, budgets, reservations and idempotency records, plus the ordered
@@ -100,12 +105,21 @@ pub struct State {
     pub(crate) idempotency: IdemTable,
     /// ACTIVE reservations by settle deadline (expires_at + grace).
     pub(crate) expiry_index: BTreeSet<(Millis, Arc<str>)>,
+    /// Settled reservations still in the state, by when they settled: the sweep archives
+    /// them from the left.
+    pub(crate) settled_index: BTreeSet<(Millis, Arc<str>)>,
+    /// The idempotency keys of each reservation's commit, release and extensions, so that
+    /// archiving it finds its records (whose client keys nothing else names).
+    pub(crate) settlement_keys: HashMap<Arc<str>, Vec<Arc<IdemKey>>>,
+    /// Digests of archived reserves' keys while their windows last.
+    pub(crate) archived_keys: ArchivedKeys,
     /// Keys stored as ACTIVE, by expiry, for the sweep that marks them EXPIRED.
     pub(crate) key_expiry_index: BTreeSet<(Millis, String)>,
     /// Per-tenant listing orders.
     pub(crate) list_index: HashMap<String, ListIndex>,
-    /// Terminal reservations and idempotency records by eviction time.
-    pub(crate) retention_index: BTreeSet<(Millis, Evictable)>,
+    /// Idempotency records by eviction time, each named by its arrival (see [`IdemTable`]):
+    /// a number, not a copy of its key.
+    pub(crate) retention_index: BTreeSet<(Millis, Arrival)>,
     /// Counts and debt orders of tenants and budgets, for the admin overview.
     pub(crate) inventory: Inventory,
     /// Not state: the subjects (with their scopes) and actions of recent reserves, so that
@@ -184,6 +198,46 @@ pub struct SnapshotData {
     pub last_delivery: u64,
     // Since format 3 (see [`SnapshotV2`]).
     pub rate_counts: Vec<(RateKey, RateCount)>,
+    // Since format 4 (see [`SnapshotV3`]): archived reserves' key digests by day.
+    pub archived_keys: Vec<(Millis, Vec<u64>)>,
+}
+
+/// The persistent state as format 3 wrote it, before settled reservations were archived:
+/// read from older snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotV3 {
+    pub tenants: Vec<Tenant>,
+    pub api_keys: Vec<ApiKey>,
+    pub budgets: Vec<Budget>,
+    pub policies: Vec<Policy>,
+    pub reservations: Vec<Reservation>,
+    pub idempotency: Vec<(IdemKey, IdemRecord)>,
+    pub webhooks: Vec<WebhookSubscription>,
+    pub webhook_security: Option<WebhookSecurity>,
+    pub deliveries: Vec<Delivery>,
+    pub last_event: u64,
+    pub last_delivery: u64,
+    pub rate_counts: Vec<(RateKey, RateCount)>,
+}
+
+impl From<SnapshotV3> for SnapshotData {
+    fn from(v3: SnapshotV3) -> Self {
+        SnapshotData {
+            tenants: v3.tenants,
+            api_keys: v3.api_keys,
+            budgets: v3.budgets,
+            policies: v3.policies,
+            reservations: v3.reservations,
+            idempotency: v3.idempotency,
+            webhooks: v3.webhooks,
+            webhook_security: v3.webhook_security,
+            deliveries: v3.deliveries,
+            last_event: v3.last_event,
+            last_delivery: v3.last_delivery,
+            rate_counts: v3.rate_counts,
+            archived_keys: Vec::new(),
+        }
+    }
 }
 
 /// The persistent state as format 2 wrote it, before policies' rate counts: read from
@@ -217,7 +271,7 @@ impl From<SnapshotV2> for SnapshotData {
             deliveries: v2.deliveries,
             last_event: v2.last_event,
             last_delivery: v2.last_delivery,
-            rate_counts: Vec::new(),
+            ..SnapshotData::default()
         }
     }
 }
@@ -262,6 +316,7 @@ pub struct SnapshotSource {
     last_event: u64,
     last_delivery: u64,
     rate_counts: OrdMap<RateKey, RateCount>,
+    archived_keys: ArchivedKeys,
 }
 
 /// Serializes exactly as [`SnapshotData`] does (the same fields, in the same order), straight
@@ -269,7 +324,7 @@ pub struct SnapshotSource {
 impl Serialize for SnapshotSource {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("SnapshotData", 12)?;
+        let mut s = serializer.serialize_struct("SnapshotData", 13)?;
         s.serialize_field(
             "tenants",
             &Seq(self.tenants.len(), || self.tenants.values()),
@@ -313,6 +368,7 @@ impl Serialize for SnapshotSource {
             "rate_counts",
             &Seq(self.rate_counts.len(), || self.rate_counts.iter()),
         )?;
+        s.serialize_field("archived_keys", &self.archived_keys.days())?;
         s.end()
     }
 }
@@ -359,6 +415,7 @@ impl SnapshotSource {
                 .iter()
                 .map(|(k, c)| (k.clone(), *c))
                 .collect(),
+            archived_keys: self.archived_keys.days(),
         }
     }
 }
@@ -414,8 +471,15 @@ impl State {
         self.key_by_digest.get(digest).map(String::as_str)
     }
 
+    /// Reservations in the state: the ACTIVE ones and those settled too recently to be
+    /// archived yet.
     pub fn reservation_count(&self) -> usize {
         self.reservations.len()
+    }
+
+    /// Digests of archived reserves' keys held while their windows last.
+    pub fn archived_key_count(&self) -> usize {
+        self.archived_keys.len()
     }
 
     /// Applies one effect, keeping every index in step.
@@ -451,26 +515,11 @@ impl State {
                 self.rate_counts.insert(key.clone(), *count);
             }
             Effect::PutReservation(r) => self.put_reservation(r),
-            Effect::PutIdempotency(k, rec) => {
-                let (arrival, replaced) = self.idempotency.put(k, rec);
-                if let Some(old) = replaced {
-                    self.retention_index
-                        .remove(&(old.expires_at_ms, Evictable::Idempotency(arrival)));
-                }
-                self.retention_index
-                    .insert((rec.expires_at_ms, Evictable::Idempotency(arrival)));
-            }
-            Effect::RemoveReservation(id) => {
-                if let Some(old) = self.reservations.remove(id) {
-                    self.unindex_reservation(&old);
-                }
-            }
-            Effect::RemoveIdempotency(k) => {
-                if let Some((arrival, old)) = self.idempotency.remove(k) {
-                    self.retention_index
-                        .remove(&(old.expires_at_ms, Evictable::Idempotency(arrival)));
-                }
-            }
+            Effect::PutIdempotency(k, rec) => self.put_record(k, rec),
+            Effect::RemoveReservation(id) => self.remove_reservation(id),
+            Effect::RemoveIdempotency(k) => self.remove_record(k),
+            Effect::ArchiveReservation(archived) => self.archive(archived),
+            Effect::ForgetArchivedKeys { day } => self.archived_keys.forget_day(*day),
             Effect::ExpireReservation {
                 reservation_id,
                 at_ms,
@@ -510,6 +559,86 @@ impl State {
             Effect::PutWebhookSecurity(config) => self.webhooks.security = Some(config.clone()),
             Effect::PutDelivery(d) => self.put_delivery(d),
         }
+    }
+
+    fn put_record(&mut self, k: &Arc<IdemKey>, rec: &Arc<IdemRecord>) {
+        let (arrival, replaced) = self.idempotency.put(k, rec);
+        match replaced {
+            Some(old) => {
+                self.retention_index.remove(&(old.expires_at_ms, arrival));
+            }
+            None => {
+                if let Some(id) = settled_by(k) {
+                    self.settlement_keys
+                        .entry(id.clone())
+                        .or_default()
+                        .push(k.clone());
+                }
+            }
+        }
+        self.retention_index.insert((rec.expires_at_ms, arrival));
+    }
+
+    fn remove_record(&mut self, k: &IdemKey) {
+        let Some((arrival, old)) = self.idempotency.remove(k) else {
+            return;
+        };
+        self.retention_index.remove(&(old.expires_at_ms, arrival));
+        if let Some(id) = settled_by(k) {
+            if let Some(keys) = self.settlement_keys.get_mut(id) {
+                keys.retain(|other| **other != *k);
+                if keys.is_empty() {
+                    self.settlement_keys.remove(id);
+                }
+            }
+        }
+    }
+
+    fn remove_reservation(&mut self, id: &str) {
+        if let Some(old) = self.reservations.remove(id) {
+            self.unindex_reservation(&old);
+        }
+    }
+
+    /// Takes a settled reservation and its records out of the state; the digest of its
+    /// reserve's key stays while that record's window lasts.
+    fn archive(&mut self, archived: &Archived) {
+        let r = &archived.reservation;
+        self.remove_reservation(&r.reservation_id);
+        for (key, record) in &archived.records {
+            self.remove_record(key);
+            if key.endpoint == Endpoint::Reserve {
+                self.archived_keys.insert(
+                    record.expires_at_ms,
+                    reserve_key_digest(&key.tenant_id, &key.key),
+                );
+            }
+        }
+    }
+
+    /// The records of `id`'s commit, release and extensions, and its reserve's if that
+    /// record names it: what leaves the state with it.
+    pub(crate) fn records_of(&self, r: &Reservation) -> Vec<(IdemKey, IdemRecord)> {
+        let reserve = IdemKey {
+            tenant_id: r.tenant_id.clone(),
+            endpoint: Endpoint::Reserve,
+            key: r.idempotency_key.clone(),
+        };
+        let created = self.idempotency.get(&reserve).filter(|rec| {
+            matches!(&rec.outcome, StoredOutcome::Reserve(res)
+                if res.reservation_id.as_deref() == Some(&*r.reservation_id))
+        });
+        let settlements = self
+            .settlement_keys
+            .get(&r.reservation_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| Some(((**k).clone(), (**self.idempotency.get(k)?).clone())));
+        created
+            .map(|rec| (reserve.clone(), (**rec).clone()))
+            .into_iter()
+            .chain(settlements)
+            .collect()
     }
 
     fn put_delivery(&mut self, d: &Arc<Delivery>) {
@@ -613,9 +742,7 @@ impl State {
         let id = r.reservation_id.clone();
         match Lapse::of(r) {
             Lapse::Expires(at) => self.expiry_index.insert((at, id)),
-            Lapse::Evicted(at) => self
-                .retention_index
-                .insert((at, Evictable::Reservation(id))),
+            Lapse::Settled(at) => self.settled_index.insert((at, id)),
         };
     }
 
@@ -627,9 +754,7 @@ impl State {
         let id = id.clone();
         match lapse {
             Lapse::Expires(at) => self.expiry_index.remove(&(at, id)),
-            Lapse::Evicted(at) => self
-                .retention_index
-                .remove(&(at, Evictable::Reservation(id))),
+            Lapse::Settled(at) => self.settled_index.remove(&(at, id)),
         };
     }
 
@@ -650,6 +775,7 @@ impl State {
             last_event: self.webhooks.last_event,
             last_delivery: self.webhooks.last_delivery,
             rate_counts: self.rate_counts.clone(),
+            archived_keys: self.archived_keys.clone(),
         }
     }
 
@@ -690,14 +816,14 @@ impl State {
         // Reservations and idempotency records can number millions: build their maps and
         // ordered indexes in bulk rather than one effect at a time.
         let mut expiry = Vec::new();
-        let mut retention = Vec::new();
+        let mut settled = Vec::new();
         let mut per_tenant: HashMap<&str, Vec<&Reservation>> = HashMap::new();
         for r in &data.reservations {
             per_tenant.entry(&r.tenant_id).or_default().push(r);
             let id = r.reservation_id.clone();
             match Lapse::of(r) {
                 Lapse::Expires(at) => expiry.push((at, id)),
-                Lapse::Evicted(at) => retention.push((at, Evictable::Reservation(id))),
+                Lapse::Settled(at) => settled.push((at, id)),
             }
         }
         state.list_index = per_tenant
@@ -705,14 +831,23 @@ impl State {
             .map(|(tenant, rows)| (tenant.to_string(), ListIndex::build(rows.into_iter())))
             .collect();
         state.idempotency = IdemTable::from_records(data.idempotency);
-        retention.extend(
-            state
-                .idempotency
-                .entries()
-                .map(|(arrival, e)| (e.record.expires_at_ms, Evictable::Idempotency(arrival))),
-        );
+        state.retention_index = state
+            .idempotency
+            .entries()
+            .map(|(arrival, e)| (e.record.expires_at_ms, arrival))
+            .collect();
+        for (_, e) in state.idempotency.entries() {
+            if let Some(id) = settled_by(&e.key) {
+                state
+                    .settlement_keys
+                    .entry(id.clone())
+                    .or_default()
+                    .push(e.key.clone());
+            }
+        }
         state.expiry_index = expiry.into_iter().collect();
-        state.retention_index = retention.into_iter().collect();
+        state.settled_index = settled.into_iter().collect();
+        state.archived_keys = ArchivedKeys::from_days(data.archived_keys);
         let (placements, actions) = (state.placements.get_mut(), state.actions.get_mut());
         state.reservations = data
             .reservations
@@ -725,19 +860,13 @@ impl State {
         state
     }
 
-    /// The retention order with records named by key, comparable across rebuilds.
-    fn retention_by_name(&self) -> Vec<(Millis, Named<'_>)> {
+    /// The retention order with records named by key, comparable across rebuilds (arrivals
+    /// are numbered per process, so a state rebuilt from a snapshot numbers the same records
+    /// differently, in the same order).
+    fn retention_by_name(&self) -> Vec<(Millis, Option<&IdemKey>)> {
         self.retention_index
             .iter()
-            .map(|(at, item)| {
-                let named = match item {
-                    Evictable::Reservation(id) => Named::Reservation(id),
-                    Evictable::Idempotency(arrival) => {
-                        Named::Idempotency(self.idempotency.key_at(*arrival).map(|k| &**k))
-                    }
-                };
-                (*at, named)
-            })
+            .map(|(at, arrival)| (*at, self.idempotency.key_at(*arrival).map(|k| &**k)))
             .collect()
     }
 
@@ -749,6 +878,9 @@ impl State {
         let rebuilt = State::from_snapshot(self.to_snapshot());
         if rebuilt.list_index != self.list_index
             || rebuilt.expiry_index != self.expiry_index
+            || rebuilt.settled_index != self.settled_index
+            || rebuilt.settlement_keys != self.settlement_keys
+            || rebuilt.archived_keys != self.archived_keys
             || rebuilt.key_expiry_index != self.key_expiry_index
             || rebuilt.webhooks.custom_levels != self.webhooks.custom_levels
             || rebuilt.retention_by_name() != self.retention_by_name()
@@ -803,40 +935,27 @@ impl State {
     }
 }
 
-/// What the retention order names, with records named by key: arrivals are numbered per
-/// process, so a state rebuilt from a snapshot numbers the same records differently (in
-/// the same order).
-#[derive(Debug, PartialEq, Eq)]
-enum Named<'a> {
-    Reservation(&'a str),
-    Idempotency(Option<&'a IdemKey>),
-}
-
 /// When a reservation next needs the ledger's attention: an ACTIVE one expires at its
-/// settle deadline; a finished one is evicted when its retention ends.
+/// settle deadline; a settled one is archived some time after it settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lapse {
     Expires(Millis),
-    Evicted(Millis),
+    Settled(Millis),
 }
 
 impl Lapse {
     fn of(r: &Reservation) -> Lapse {
-        match terminal_time(r) {
+        match r.settled_at_ms() {
             None => Lapse::Expires(r.settle_deadline()),
-            Some(at) => Lapse::Evicted(at.saturating_add(TERMINAL_RETENTION_MS)),
+            Some(at) => Lapse::Settled(at),
         }
     }
 }
 
-/// When a reservation reached a terminal state (None while ACTIVE).
-fn terminal_time(r: &Reservation) -> Option<Millis> {
-    match r.status {
-        ReservationStatus::Active => None,
-        _ => Some(
-            r.finalized_at_ms
-                .or(r.expired_at_ms)
-                .unwrap_or(r.expires_at_ms),
-        ),
+/// The reservation a commit's, release's or extension's record belongs to.
+fn settled_by(key: &IdemKey) -> Option<&Arc<str>> {
+    match &key.endpoint {
+        Endpoint::Commit(id) | Endpoint::Release(id) | Endpoint::Extend(id) => Some(id),
+        _ => None,
     }
 }

@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use ledger::{Actor, AuditPage, AuditQuery, Authenticate, Operation, Principal};
+use ledger::{
+    Actor, AuditPage, AuditQuery, Authenticate, ListReservations, Operation, Principal,
+    ReservationPage,
+};
 use protocol::{ApiError, Plane};
 use store::RequestContext;
 use store::{AuditFn, Engine, Reply, Store, StoreError};
@@ -206,6 +209,31 @@ impl App {
         self.store.read_history(read).await.map_err(|e| {
             ApiError::unavailable(format!("The history store is unavailable: {e}")).into()
         })
+    }
+
+    /// A page of reservations: the state's (the ACTIVE ones and the recently settled),
+    /// then the history store's archived ones after the same cursor, merged in the
+    /// listing's order. The state is read first: a reservation archived meanwhile is in
+    /// the history store by then (and one in both is taken once).
+    pub async fn list_reservations(
+        &self,
+        query: ListReservations,
+    ) -> Result<(ReservationPage, Option<Arc<str>>), Failure> {
+        let listing = query.clone();
+        let (page, tenant) = self.run(query, Plane::Runtime).await?;
+        if listing.idempotency_key.is_some() {
+            // At most one row, which the ledger found wherever its reserve's record is.
+            return Ok((page, tenant));
+        }
+        let (listed, archive_query) = (page.tenant.clone(), listing.clone());
+        let archived = self
+            .store_history(move |history| history.archived_page(&listed, &archive_query))
+            .await
+            .map_err(|mut failure| {
+                failure.tenant = tenant.clone();
+                failure
+            })?;
+        Ok((listing.merge(page, archived), tenant))
     }
 
     /// A page of the audit log.

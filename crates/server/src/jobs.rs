@@ -21,19 +21,24 @@ const SWEEP_BATCH: usize = 128;
 pub struct SweepCounters {
     /// Reservations past their grace that the sweep expired (holds returned).
     pub expired: AtomicU64,
-    /// Terminal reservations and idempotency records removed past their retention.
+    /// Idempotency records removed past their retention.
     pub evicted: AtomicU64,
+    /// Settled reservations archived to the history store.
+    pub archived: AtomicU64,
 }
 
-/// Expires reservations past their grace (returning their holds) and evicts records past
-/// their retention, through the store like any other command, so replays are deterministic.
-/// Every `interval`; what it did is added to `counters`.
+/// Expires reservations past their grace (returning their holds), evicts records past
+/// their retention and archives reservations settled `archive_after` ago, through the
+/// store like any other command, so replays are deterministic. Every `interval`; what it
+/// did is added to `counters`.
 pub fn spawn_sweeper(
     store: Arc<Engine>,
     counters: Arc<SweepCounters>,
     detector: Arc<Detector>,
     interval: Duration,
+    archive_after: Duration,
 ) -> Background {
+    let archive_after_ms = i64::try_from(archive_after.as_millis()).unwrap_or(i64::MAX);
     Background::spawn(|mut stopped| async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -47,7 +52,13 @@ pub fn spawn_sweeper(
             loop {
                 tokio::task::yield_now().await;
                 let reply = store
-                    .execute(Maintain { limit: SWEEP_BATCH }, Load::Busy)
+                    .execute(
+                        Maintain {
+                            limit: SWEEP_BATCH,
+                            archive_after_ms,
+                        },
+                        Load::Busy,
+                    )
                     .await;
                 match reply.map(|r| r.result) {
                     Ok(Ok(Maintained {
@@ -55,6 +66,7 @@ pub fn spawn_sweeper(
                         expired_by_tenant,
                         keys_expired,
                         evicted,
+                        archived,
                     })) => {
                         for (tenant, n) in &expired_by_tenant {
                             detector.settled(tenant, *n, 0);
@@ -65,7 +77,10 @@ pub fn spawn_sweeper(
                         counters
                             .evicted
                             .fetch_add(evicted as u64, Ordering::Relaxed);
-                        if expired.max(keys_expired).max(evicted) < SWEEP_BATCH {
+                        counters
+                            .archived
+                            .fetch_add(archived as u64, Ordering::Relaxed);
+                        if expired.max(keys_expired).max(evicted).max(archived) < SWEEP_BATCH {
                             break;
                         }
                     }

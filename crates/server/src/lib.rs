@@ -73,6 +73,9 @@ pub struct ServerOptions {
     pub admin_api_key: String,
     /// How often the maintenance job expires lapsed reservations and evicts old records.
     pub sweep_interval: Duration,
+    /// How long a settled reservation stays in memory before the maintenance job archives
+    /// it to the history store.
+    pub archive_after: Duration,
     /// Per-credential request rate limit; `None` disables it.
     pub rate_limit: Option<RateLimit>,
     /// Serve `/metrics` without the admin key.
@@ -96,6 +99,7 @@ pub struct BoundServer {
     listener: TcpListener,
     app: Arc<App>,
     sweep_interval: Duration,
+    archive_after: Duration,
     rate_limit: Option<RateLimit>,
     dashboard: Option<Dashboard>,
 }
@@ -115,6 +119,7 @@ impl BoundServer {
                 Arc::new(detector::Detector::new(options.detector)),
             )),
             sweep_interval: options.sweep_interval,
+            archive_after: options.archive_after,
             rate_limit: options.rate_limit,
             dashboard: options.dashboard,
         })
@@ -132,6 +137,7 @@ impl BoundServer {
             self.app.sweep_counters().clone(),
             self.app.detector().clone(),
             self.sweep_interval,
+            self.archive_after,
         );
         let detector =
             detector::spawn_detector(self.app.store().clone(), self.app.detector().clone());

@@ -133,9 +133,16 @@ pub fn render(
     gauge(
         &mut out,
         "cycles_sweep_evicted_total",
-        "Terminal reservations and idempotency records removed past their retention.",
+        "Idempotency records removed past their retention.",
         "counter",
         sweep.evicted.load(Ordering::Relaxed),
+    );
+    gauge(
+        &mut out,
+        "cycles_sweep_archived_total",
+        "Settled reservations moved from memory to the history store.",
+        "counter",
+        sweep.archived.load(Ordering::Relaxed),
     );
     for m in store_metrics {
         let kind = if m.counter { "counter" } else { "gauge" };

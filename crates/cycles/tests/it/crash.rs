@@ -357,6 +357,23 @@ async fn assert_acknowledged(server: &Server, acked: &BTreeMap<String, Acked>) {
 async fn restart_and_check(data_dir: &Path, logs: &Path, acked: &BTreeMap<String, Acked>) {
     let server = Server::start(data_dir, logs).await;
     assert_acknowledged(&server, acked).await;
+    // Reservations were moving to the history store under the load: the reads above found
+    // archived ones there.
+    let metrics = client()
+        .get(format!("{}/metrics", server.base))
+        .header("X-Admin-API-Key", ADMIN_KEY)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let archived: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cycles_reservations_archived "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("cycles_reservations_archived");
+    assert!(archived > 0, "nothing was archived");
     server.terminate().await;
     assert_verify_ok(data_dir);
 }

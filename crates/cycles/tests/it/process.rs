@@ -40,6 +40,9 @@ impl Server {
                 // The smallest snapshot threshold, so crashes also land around rotations
                 // and background snapshots.
                 .args(["--snapshot-after-mib", "1", "--log", "info"])
+                // Settled reservations leave memory for the history store at once, so
+                // crashes also land while rows move to disk.
+                .args(["--archive-after-ms", "0", "--sweep-interval-ms", "100"])
                 .stdout(Stdio::null())
                 .stderr(File::create(&log).expect("log file"))
                 .spawn()

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::{
-    settle_commit, state::TERMINAL_RETENTION_MS, Balance, Budget, BudgetKey, CommitResult, Effect,
-    Endpoint, EventType, ExtendResult, IdemKey, Permission, RateKind, Rejection, ReleaseResult,
-    Reservation, ReservationStatus, TenantStatus, Unit,
+    settle_commit, state::TERMINAL_RETENTION_MS, ArchiveLookup, Balance, Budget, BudgetKey,
+    CommitResult, Effect, Endpoint, EventType, ExtendResult, IdemKey, Permission, RateKind,
+    Rejection, ReleaseResult, Reservation, ReservationStatus, State, TenantStatus, Unit,
 };
 
 use super::emit::{upper, NewEvent, RUNTIME_SOURCE, SWEEP_SOURCE};
@@ -50,27 +50,48 @@ pub struct Extended {
     pub remaining_ttl_ms: i64,
 }
 
-operation!(Commit => Idempotent<CommitResult>, commit);
-operation!(Release => Idempotent<ReleaseResult>, release);
-operation!(Extend => Extended, extend);
+operation!(
+    Commit => Idempotent<CommitResult>, commit,
+    archive: |c: &Commit, s, _| archived_by_id(&c.reservation_id, s)
+);
+operation!(
+    Release => Idempotent<ReleaseResult>, release,
+    archive: |c: &Release, s, _| archived_by_id(&c.reservation_id, s)
+);
+operation!(
+    Extend => Extended, extend,
+    archive: |c: &Extend, s, _| archived_by_id(&c.reservation_id, s)
+);
+
+/// The lookup of an operation naming reservation `id`: the archived one, when the state
+/// does not hold it (archived once settled, or never created).
+pub(crate) fn archived_by_id(id: &str, state: &State) -> Option<ArchiveLookup> {
+    (!state.reservations.contains_key(id)).then(|| ArchiveLookup::Reservation(id.to_string()))
+}
 
 impl Tx<'_> {
     /// The reservation, if it exists and the caller may act on it (`None` caller = admin).
     pub(crate) fn owned_reservation(
-        &self,
+        &mut self,
         id: &str,
         caller_tenant: Option<&str>,
     ) -> Result<Reservation, Rejection> {
-        let r = self
-            .state
-            .reservations
-            .get(id)
-            .ok_or_else(|| Rejection::NotFound(format!("Reservation not found: {id}")))?;
+        let not_found = || Rejection::NotFound(format!("Reservation not found: {id}"));
+        let r = match self.state.reservations.get(id) {
+            Some(r) => (**r).clone(),
+            // Not in the state: archived once settled, or never created.
+            None => self
+                .archived(ArchiveLookup::Reservation(id.to_string()))?
+                .filter(|a| &*a.reservation.reservation_id == id)
+                .ok_or_else(not_found)?
+                .reservation
+                .clone(),
+        };
         match caller_tenant {
             Some(t) if t != &*r.tenant_id => Err(Rejection::Forbidden(format!(
                 "Reservation {id} belongs to another tenant"
             ))),
-            _ => Ok((**r).clone()),
+            _ => Ok(r),
         }
     }
 

@@ -51,7 +51,9 @@ pub use overview::{GetOverview, Overview, OVERVIEW_ROWS};
 pub use policies::{
     CreatePolicy, ListPolicies, NewPolicy, PolicyListQuery, PolicyPatch, UpdatePolicy,
 };
-pub use reads::{GetBalances, GetReservation, ListReservations, Page, ReservationPage};
+pub use reads::{
+    GetBalances, GetReservation, ListReservations, Page, ReservationPage, MAX_SCAN_PER_PAGE,
+};
 pub use reserve::{Reserve, Reserved};
 pub use sorted::{SortedPage, Window};
 pub use tenants::{
@@ -64,7 +66,9 @@ pub use webhooks::{
     UpdateWebhook, WebhookFilter, WebhookPatch, WebhookPlane, WebhookSort,
 };
 
-use crate::{Budget, BudgetKey, Effect, Millis, Origin, Rejection, State};
+use crate::{
+    ArchiveLookup, Archived, Budget, BudgetKey, Effect, Found, Millis, Origin, Rejection, State,
+};
 
 /// One operation of the state machine: its request is the implementing type, its answer
 /// [`Operation::Output`]. Implemented in this module tree only (sealed), each next to the
@@ -74,6 +78,14 @@ pub trait Operation: sealed::Sealed + Send + 'static {
 
     /// Decides the operation against `tx`'s view of the state, staging its effects.
     fn run(self, tx: &mut Tx<'_>) -> Result<Self::Output, Rejection>;
+
+    /// What this operation needs read from the store's history before it can run against
+    /// `state` at `now`: the archived reservation it names, if it names one that is not in
+    /// the state (see [`crate::archive`]). The store reads it outside the ledger lock and
+    /// passes it to [`apply_in`]; most operations never need one.
+    fn archive_lookup(&self, _state: &State, _now: Millis) -> Option<ArchiveLookup> {
+        None
+    }
 }
 
 mod sealed {
@@ -81,6 +93,7 @@ mod sealed {
 }
 
 /// Implements [`Operation`] for `$op` by a method of [`Tx`].
+/// With `archive: $lookup`, the operation's [`Operation::archive_lookup`] is `$lookup`.
 macro_rules! operation {
     ($op:ty => $output:ty, $method:ident) => {
         impl $crate::apply::sealed::Sealed for $op {}
@@ -91,6 +104,25 @@ macro_rules! operation {
                 tx: &mut $crate::apply::Tx<'_>,
             ) -> Result<Self::Output, $crate::Rejection> {
                 tx.$method(self)
+            }
+        }
+    };
+    ($op:ty => $output:ty, $method:ident, archive: $lookup:expr) => {
+        impl $crate::apply::sealed::Sealed for $op {}
+        impl $crate::apply::Operation for $op {
+            type Output = $output;
+            fn run(
+                self,
+                tx: &mut $crate::apply::Tx<'_>,
+            ) -> Result<Self::Output, $crate::Rejection> {
+                tx.$method(self)
+            }
+            fn archive_lookup(
+                &self,
+                state: &$crate::State,
+                now: $crate::Millis,
+            ) -> Option<$crate::ArchiveLookup> {
+                ($lookup)(self, state, now)
             }
         }
     };
@@ -109,19 +141,23 @@ pub struct Applied<T> {
 }
 
 /// Applies one operation at time `now`. Deterministic: no clock, no randomness, no I/O.
+/// For an operation that needs an archived reservation, see [`apply_in`].
 pub fn apply<O: Operation>(state: &mut State, operation: O, now: Millis) -> Applied<O::Output> {
-    apply_in(state, operation, now, &Origin::default)
+    apply_in(state, operation, now, &Origin::default, None)
 }
 
 /// Applies one operation on behalf of a request: its events carry the request's origin,
-/// asked of `origin` only when the operation emits one (most emit none).
+/// asked of `origin` only when the operation emits one (most emit none). `found` is what
+/// the store's history holds for the operation's [`Operation::archive_lookup`] against this
+/// `state` (`None` when it had none).
 pub fn apply_in<O: Operation>(
     state: &mut State,
     operation: O,
     now: Millis,
     origin: &dyn Fn() -> Origin,
+    found: Option<Found>,
 ) -> Applied<O::Output> {
-    let applied = stage_in(state, operation, now, origin);
+    let applied = stage_in(state, operation, now, origin, found);
     for effect in &applied.effects {
         state.apply_effect(effect);
     }
@@ -136,6 +172,7 @@ pub fn stage_in<O: Operation>(
     operation: O,
     now: Millis,
     origin: &dyn Fn() -> Origin,
+    found: Option<Found>,
 ) -> Applied<O::Output> {
     let mut tx = Tx {
         state,
@@ -146,6 +183,7 @@ pub fn stage_in<O: Operation>(
         origin,
         asked: std::cell::OnceCell::new(),
         numbered: Numbered::default(),
+        found,
     };
     let result = operation.run(&mut tx);
     let Tx {
@@ -190,6 +228,8 @@ pub struct Tx<'a> {
     asked: std::cell::OnceCell<Origin>,
     /// Events and deliveries numbered so far by this operation.
     pub(crate) numbered: Numbered,
+    /// What the store found for this operation's archive lookup (`None`: it had none).
+    found: Option<Found>,
 }
 
 #[derive(Debug, Default)]
@@ -202,6 +242,27 @@ impl Tx<'_> {
     /// The origin of the request this operation serves.
     pub(crate) fn origin(&self) -> &Origin {
         self.asked.get_or_init(|| (self.origin)())
+    }
+
+    /// The archived reservation `lookup` names, as the store found it (`None`: nothing
+    /// archived under it). The operation's [`Operation::archive_lookup`] asked for it
+    /// against the same state, so it has been looked up; if not, that is a bug, refused
+    /// rather than answered as if nothing were archived.
+    pub(crate) fn archived(
+        &self,
+        lookup: ArchiveLookup,
+    ) -> Result<Option<Arc<Archived>>, Rejection> {
+        match &self.found {
+            Some(found) => Ok(found.clone()),
+            None => Err(Rejection::Internal(format!(
+                "{lookup:?} was needed but not looked up"
+            ))),
+        }
+    }
+
+    /// What was found for an earlier lookup, without asking for one.
+    pub(crate) fn found(&self) -> Option<&Archived> {
+        self.found.as_ref()?.as_deref()
     }
 
     /// Stages an effect, applied when the operation succeeds.

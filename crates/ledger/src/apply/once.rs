@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use crate::{
-    BulkResult, CommitResult, DecideResult, EventResult, ExtendResult, FundResult, IdemKey,
-    IdemRecord, Millis, Rejection, ReleaseResult, ReserveResult, StoredOutcome,
+    reserve_key_digest, ArchiveLookup, BulkResult, CommitResult, DecideResult, Endpoint,
+    EventResult, ExtendResult, FundResult, IdemKey, IdemRecord, Millis, Rejection, ReleaseResult,
+    ReserveResult, StoredOutcome,
 };
 
 use super::Tx;
@@ -75,7 +76,7 @@ impl Tx<'_> {
     ) -> Result<Idempotent<R>, Rejection> {
         if let Some((key, fingerprint)) = &key {
             if let Some(stored) = self.stored(key, fingerprint)? {
-                let result = R::replayed(stored).ok_or(Rejection::IdempotencyMismatch)?;
+                let result = R::replayed(&stored).ok_or(Rejection::IdempotencyMismatch)?;
                 return Ok(Idempotent {
                     result: result.clone(),
                     replayed: true,
@@ -101,22 +102,47 @@ impl Tx<'_> {
         })
     }
 
-    /// The stored outcome under `key`, if a live record exists. The same key with a
-    /// different payload is a mismatch.
+    /// The stored outcome under `key`, if a live record exists, in the state or archived
+    /// with its reservation. The same key with a different payload is a mismatch.
     fn stored(
-        &self,
+        &mut self,
         key: &IdemKey,
         fingerprint: &[u8; 32],
-    ) -> Result<Option<&StoredOutcome>, Rejection> {
-        match self.state.idempotency.get(key) {
-            Some(rec) if rec.expires_at_ms > self.now => {
+    ) -> Result<Option<StoredOutcome>, Rejection> {
+        let now = self.now;
+        let record = match self.state.idempotency.get(key) {
+            Some(rec) => Some(&**rec),
+            None => self.archived_record(key)?,
+        };
+        match record {
+            Some(rec) if rec.expires_at_ms > now => {
                 if &rec.fingerprint == fingerprint {
-                    Ok(Some(&rec.outcome))
+                    Ok(Some(rec.outcome.clone()))
                 } else {
                     Err(Rejection::IdempotencyMismatch)
                 }
             }
             _ => Ok(None),
         }
+    }
+
+    /// The record under `key` among an archived reservation's. A settlement's record is
+    /// archived with its reservation, which the operation has looked up already if it was
+    /// archived. A reserve's key is looked up only when its digest says an archived reserve
+    /// may have used it: a fresh key (nearly every reserve) costs no read of the disk.
+    fn archived_record(&mut self, key: &IdemKey) -> Result<Option<&IdemRecord>, Rejection> {
+        if key.endpoint == Endpoint::Reserve && self.found().is_none() {
+            let keys = &self.state.archived_keys;
+            let may_hold = !keys.is_empty()
+                && keys.may_hold(self.now, reserve_key_digest(&key.tenant_id, &key.key));
+            if !may_hold {
+                return Ok(None);
+            }
+            self.archived(ArchiveLookup::CreatedBy {
+                tenant: key.tenant_id.clone(),
+                key: key.key.clone(),
+            })?;
+        }
+        Ok(self.found().and_then(|a| a.record(key)))
     }
 }

@@ -5,8 +5,9 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::{
-    has_segment, position, Budget, BudgetKey, Endpoint, IdemKey, Millis, Permission, Position,
-    Rejection, Reservation, ReservationStatus, SortBy, StoredOutcome, Unit,
+    has_segment, position, reserve_key_digest, ArchiveLookup, Budget, BudgetKey, Endpoint, IdemKey,
+    Millis, Permission, Position, Rejection, Reservation, ReservationStatus, SortBy, State,
+    StoredOutcome, Unit,
 };
 
 use super::auth::scope_filter_allows;
@@ -63,8 +64,64 @@ pub struct ListReservations {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationPage {
     pub rows: Vec<Reservation>,
-    /// Where the next page starts, when there may be more.
+    /// Where the next page starts, when there may be more: every row up to it (in the
+    /// listing's order) has been examined.
     pub next: Option<Position>,
+    /// The tenant listed (the caller's, or the one an admin named).
+    pub tenant: String,
+}
+
+impl ListReservations {
+    /// Whether `r` (with its status as of `now`) passes every filter: how a history store
+    /// filters the archived rows it walks.
+    pub fn matches(&self, r: &Reservation, now: Millis) -> bool {
+        matches(r, self, now)
+    }
+
+    /// The page of this listing made of `state`'s page (the state's rows, read first) and
+    /// `archived`'s (the history store's rows after the same cursor, read after): both in
+    /// order, a row in both taken from the state. Each side has examined its rows up to its
+    /// `next`; the merged page holds only rows up to the nearer of the two, so a row one
+    /// side did not reach is never skipped by the next page's cursor.
+    pub fn merge(&self, state: ReservationPage, archived: ReservationPage) -> ReservationPage {
+        let order = |a: &Position, b: &Position| {
+            if self.descending {
+                b.cmp(a)
+            } else {
+                a.cmp(b)
+            }
+        };
+        let frontier = match (state.next, archived.next) {
+            (Some(a), Some(b)) => Some(std::cmp::min_by(a, b, order)),
+            (a, b) => a.or(b),
+        };
+        let live: std::collections::HashSet<&str> =
+            state.rows.iter().map(|r| &*r.reservation_id).collect();
+        let archived_rows: Vec<Reservation> = archived
+            .rows
+            .into_iter()
+            .filter(|r| !live.contains(&*r.reservation_id))
+            .collect();
+        let mut rows: Vec<(Position, Reservation)> = state
+            .rows
+            .into_iter()
+            .chain(archived_rows)
+            .map(|r| (position(&r, self.sort_by), r))
+            .filter(|(p, _)| frontier.as_ref().is_none_or(|f| order(p, f).is_le()))
+            .collect();
+        rows.sort_by(|a, b| order(&a.0, &b.0));
+        let next = if rows.len() > self.limit {
+            rows.truncate(self.limit);
+            rows.last().map(|(p, _)| p.clone())
+        } else {
+            frontier
+        };
+        ReservationPage {
+            rows: rows.into_iter().map(|(_, r)| r).collect(),
+            next,
+            tenant: state.tenant,
+        }
+    }
 }
 
 /// `GET /v1/balances`: subject-level filters (lower-cased values), paginated by budget key.
@@ -83,8 +140,42 @@ pub struct GetBalances {
     pub after: Option<(String, Unit)>,
 }
 
-operation!(GetReservation => Reservation, get_reservation);
-operation!(ListReservations => ReservationPage, list_reservations);
+operation!(
+    GetReservation => Reservation, get_reservation,
+    archive: |g: &GetReservation, s, _| super::lifecycle::archived_by_id(&g.reservation_id, s)
+);
+operation!(ListReservations => ReservationPage, list_reservations, archive: created_archived);
+
+/// A listing by create key: the archived reservation the key created, when its record is
+/// not in the state but the digests of archived keys say it may have been archived.
+fn created_archived(q: &ListReservations, state: &State, now: Millis) -> Option<ArchiveLookup> {
+    let key = q.idempotency_key.as_deref()?;
+    if state.archived_keys.is_empty() {
+        return None;
+    }
+    let tenant: Arc<str> = match &q.actor {
+        Actor::Admin => q.tenant.as_deref()?.into(),
+        Actor::ApiKey(digest) => {
+            let key_id = state.key_id_by_digest(digest)?;
+            state.api_keys.get(key_id)?.tenant_id.clone()
+        }
+    };
+    let record = IdemKey {
+        tenant_id: tenant,
+        endpoint: Endpoint::Reserve,
+        key: Arc::from(key),
+    };
+    if state.idempotency.get(&record).is_some() {
+        return None;
+    }
+    state
+        .archived_keys
+        .may_hold(now, reserve_key_digest(&record.tenant_id, &record.key))
+        .then_some(ArchiveLookup::CreatedBy {
+            tenant: record.tenant_id,
+            key: record.key,
+        })
+}
 operation!(GetBalances => Page<Budget>, balances);
 
 /// Rows examined per page at most. A page whose filters match few rows may come back short
@@ -154,12 +245,17 @@ impl Tx<'_> {
                 .map(view)
                 .into_iter()
                 .collect();
-            return Ok(ReservationPage { rows, next: None });
+            return Ok(ReservationPage {
+                rows,
+                next: None,
+                tenant,
+            });
         }
         let Some(index) = self.state.list_index.get(&tenant) else {
             return Ok(ReservationPage {
                 rows: Vec::new(),
                 next: None,
+                tenant,
             });
         };
         let ids = index.ids(
@@ -190,7 +286,7 @@ impl Tx<'_> {
         } else {
             last_scanned.map(|r| position(r, q.sort_by))
         };
-        Ok(ReservationPage { rows, next })
+        Ok(ReservationPage { rows, next, tenant })
     }
 
     /// The caller's budgets whose scope contains every filter segment, ordered by
@@ -239,18 +335,29 @@ impl Tx<'_> {
         Ok(Page::of(page, q.limit))
     }
 
-    /// The reservation a live reserve with `key` created, if it is still known.
+    /// The reservation a live reserve with `key` created, if its record still names it (in
+    /// the state, or archived with the reservation).
     fn created_by_key(&self, tenant: &str, key: &str) -> Option<&Reservation> {
-        let record = self.state.idempotency.get(&IdemKey {
+        let record_key = IdemKey {
             tenant_id: Arc::from(tenant),
             endpoint: Endpoint::Reserve,
             key: Arc::from(key),
-        })?;
-        let StoredOutcome::Reserve(result) = &record.outcome else {
-            return None;
         };
-        self.state
-            .reservation(result.reservation_id.as_ref()?)
-            .filter(|r| &*r.tenant_id == tenant && &*r.idempotency_key == key)
+        let created = |r: &&Reservation| &*r.tenant_id == tenant && &*r.idempotency_key == key;
+        if let Some(record) = self.state.idempotency.get(&record_key) {
+            let StoredOutcome::Reserve(result) = &record.outcome else {
+                return None;
+            };
+            return self
+                .state
+                .reservation(result.reservation_id.as_ref()?)
+                .filter(created);
+        }
+        let archived = self.found()?;
+        archived
+            .record(&record_key)
+            .filter(|record| record.expires_at_ms > self.now)
+            .map(|_| &archived.reservation)
+            .filter(created)
     }
 }

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use crate::intern::Placement;
 use crate::{
-    Action, Balance, Budget, Decision, Effect, Endpoint, IdemKey, OveragePolicy, Permission,
-    RateKind, Rejection, Reservation, ReservationStatus, ReserveResult, Subject, Unit,
+    reserve_key_digest, Action, ArchiveLookup, Balance, Budget, Decision, Effect, Endpoint,
+    IdemKey, Millis, OveragePolicy, Permission, RateKind, Rejection, Reservation,
+    ReservationStatus, ReserveResult, State, Subject, Unit,
 };
 
 use super::admission::{decision_with, Blocked};
@@ -37,7 +38,36 @@ pub struct Reserved {
     pub remaining_ttl_ms: Option<i64>,
 }
 
-operation!(Reserve => Reserved, reserve);
+operation!(Reserve => Reserved, reserve, archive: retried_archived);
+
+/// A reserve's lookup: the archived reservation its key created, when the key is not in
+/// the state but the digests of archived keys say an archived reserve may have used it (a
+/// fresh key, nearly every reserve, needs no read of the disk).
+fn retried_archived(cmd: &Reserve, state: &State, now: Millis) -> Option<ArchiveLookup> {
+    if state.archived_keys.is_empty() {
+        return None;
+    }
+    let Actor::ApiKey(digest) = &cmd.actor else {
+        return None;
+    };
+    let key_id = state.key_id_by_digest(digest)?;
+    let tenant = state.api_keys.get(key_id)?.tenant_id.clone();
+    let key = IdemKey {
+        tenant_id: tenant,
+        endpoint: Endpoint::Reserve,
+        key: cmd.idem.key.clone(),
+    };
+    if state.idempotency.get(&key).is_some() {
+        return None;
+    }
+    state
+        .archived_keys
+        .may_hold(now, reserve_key_digest(&key.tenant_id, &key.key))
+        .then_some(ArchiveLookup::CreatedBy {
+            tenant: key.tenant_id,
+            key: key.key,
+        })
+}
 
 impl Tx<'_> {
     fn reserve(&mut self, mut cmd: Reserve) -> Result<Reserved, Rejection> {

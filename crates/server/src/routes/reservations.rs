@@ -244,7 +244,7 @@ pub async fn list_reservations(
         })
         .await?;
     let cursor_query = query.clone();
-    let (page, tenant) = app.run(query, Plane::Runtime).await?;
+    let (page, tenant) = app.list_reservations(query).await?;
     let (rows, next) = (page.rows, page.next);
     let response = ReservationListResponse {
         reservations: rows

@@ -33,7 +33,7 @@ async fn reserve_many(s: &TestServer, key: &str, n: usize, agent: &str) -> Vec<S
 }
 
 /// Follows `next_cursor` to the end; returns every row.
-async fn walk(s: &TestServer, key: &str, query: &str) -> Vec<Value> {
+pub(crate) async fn walk(s: &TestServer, key: &str, query: &str) -> Vec<Value> {
     let mut rows = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -56,7 +56,7 @@ async fn walk(s: &TestServer, key: &str, query: &str) -> Vec<Value> {
     }
 }
 
-fn ids(rows: &[Value]) -> Vec<String> {
+pub(crate) fn ids(rows: &[Value]) -> Vec<String> {
     rows.iter()
         .map(|r| r["reservation_id"].as_str().unwrap().to_string())
         .collect()

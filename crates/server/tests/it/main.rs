@@ -8,6 +8,7 @@
 mod common;
 
 mod admin;
+mod archive;
 mod audit;
 mod concurrency;
 mod dashboard;

@@ -39,7 +39,7 @@ use std::task::{Context, Poll};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ledger::{apply_in, stage_in, Effect, Operation, State};
+use ledger::{apply_in, stage_in, ArchiveLookup, Effect, Found, Operation, State};
 
 use super::journal::{encode_record, JournalRecord, JournalWriter, HEADER_LEN};
 use super::recovery::recover_until;
@@ -146,6 +146,22 @@ pub struct Wait {
     pub epoch: u64,
 }
 
+/// What applying an operation came to.
+pub enum Step<O: Operation> {
+    /// Applied: its reply, and the record that must be durable before it is sent.
+    Done(Reply<O::Output>, Option<Wait>),
+    /// Not applied: it names an archived reservation, to be read from the history store
+    /// (outside the ledger lock) before it runs again with what was found. `seen` is the
+    /// last record it saw applied (none without a journal): the archive of what it names is
+    /// at or before it.
+    Lookup {
+        operation: O,
+        context: RequestContext<O::Output>,
+        lookup: ArchiveLookup,
+        seen: Option<Wait>,
+    },
+}
+
 fn unavailable(fault: &Fault) -> StoreError {
     StoreError::Unavailable(format!("storage cannot take writes: {}", fault.why))
 }
@@ -209,12 +225,13 @@ impl Shared {
         operation: O,
         now: i64,
         context: RequestContext<O::Output>,
-    ) -> Result<(Reply<O::Output>, Option<Wait>), StoreError> {
+        found: Option<Found>,
+    ) -> Result<Step<O>, StoreError> {
         if !fault.readable {
             return Err(unavailable(fault));
         }
         let RequestContext { origin, audit } = context;
-        let staged = stage_in(&ledger.state, operation, now, &origin);
+        let staged = stage_in(&ledger.state, operation, now, &origin, found);
         let audited = audit.is_some_and(|audit| {
             audit(AuditFacts {
                 result: &staged.result,
@@ -231,19 +248,22 @@ impl Shared {
             result: staged.result,
             tenant: staged.tenant,
         };
-        Ok((reply, None))
+        Ok(Step::Done(reply, None))
     }
 
     /// Applies a command and returns its reply with the journal sequence number that must be
-    /// durable before the reply may be sent (`None`: nothing to wait for). `wake_syncer` is
-    /// false when the caller holds the journal and runs the round itself. With `audit`, the
-    /// command's audit entry is made from its result and written in its journal record.
+    /// durable before the reply may be sent (`None`: nothing to wait for), or, for a command
+    /// naming an archived reservation it was not given (`found`), what to look up first.
+    /// `wake_syncer` is false when the caller holds the journal and runs the round itself.
+    /// With `audit`, the command's audit entry is made from its result and written in its
+    /// journal record.
     pub fn apply<O: Operation>(
         &self,
         operation: O,
         wake_syncer: bool,
         context: RequestContext<O::Output>,
-    ) -> Result<(Reply<O::Output>, Option<Wait>), StoreError> {
+        found: Option<Found>,
+    ) -> Result<Step<O>, StoreError> {
         let mut ledger = lock(&self.ledger)?;
         if ledger.closed {
             return Err(StoreError::ShuttingDown);
@@ -251,11 +271,25 @@ impl Shared {
         let now = self.clock.now_ms().max(ledger.last_now);
         ledger.last_now = now;
         let epoch = self.epoch.load(Ordering::Acquire);
+        if found.is_none() {
+            if let Some(lookup) = operation.archive_lookup(&ledger.state, now) {
+                let seen = ledger.journaled.then(|| Wait {
+                    seq: ledger.next_seq - 1,
+                    epoch,
+                });
+                return Ok(Step::Lookup {
+                    operation,
+                    context,
+                    lookup,
+                    seen,
+                });
+            }
+        }
         if let Some(fault) = &ledger.fault {
-            return Self::serve_faulted(&ledger, fault, operation, now, context);
+            return Self::serve_faulted(&ledger, fault, operation, now, context, found);
         }
         let RequestContext { origin, audit } = context;
-        let mut applied = apply_in(&mut ledger.state, operation, now, &origin);
+        let mut applied = apply_in(&mut ledger.state, operation, now, &origin, found);
         let entry = audit.and_then(|audit| {
             audit(AuditFacts {
                 result: &applied.result,
@@ -302,17 +336,19 @@ impl Shared {
         let seen = ledger.next_seq - 1;
         let wait = (ledger.journaled && self.durable_seq.load(Ordering::Acquire) < seen)
             .then_some(Wait { seq: seen, epoch });
-        let journaled = ledger.journaled;
-        drop(ledger);
-        if !journaled && !items.is_empty() {
+        // Without a journal the history goes to the history store at once, handed over
+        // before the lock is let go: a request that then finds a reservation gone from the
+        // state finds its archive on the way (`Step::Lookup` waits for what was handed over).
+        if !ledger.journaled && !items.is_empty() {
             self.projector
                 .project(0, items.into_iter().map(|item| (0, item)).collect());
         }
+        drop(ledger);
         let reply = Reply {
             result: applied.result,
             tenant: applied.tenant,
         };
-        Ok((reply, wait))
+        Ok(Step::Done(reply, wait))
     }
 
     /// Returns once the journal record `wait` names is durable; refused if a fault ends its

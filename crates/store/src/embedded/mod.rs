@@ -23,12 +23,12 @@ use std::thread::{self, JoinHandle};
 
 use std::time::Duration;
 
-use ledger::{Operation, State};
+use ledger::{ArchiveLookup, Found, Operation, State};
 
 use crate::history::History;
 use crate::history::{Projector, Retention};
 use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
-use commit::{Counters, Ledger, Shared, Syncer, Wait};
+use commit::{Counters, Ledger, Shared, Step, Syncer, Wait};
 use journal::{JournalWriter, HEADER_LEN};
 pub use recovery::{recover, recover_with_history, Recovered};
 use waiters::Waiters;
@@ -190,7 +190,21 @@ impl EmbeddedStore {
         load: Load,
         context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
-        let (reply, wait) = self.apply(operation, load, context)?;
+        let (reply, wait) = match self.apply(operation, load, context, None)? {
+            Step::Done(reply, wait) => (reply, wait),
+            Step::Lookup {
+                operation,
+                context,
+                lookup,
+                seen,
+            } => {
+                let found = self.read_archived(lookup, seen).await?;
+                match self.apply(operation, load, context, Some(found))? {
+                    Step::Done(reply, wait) => (reply, wait),
+                    Step::Lookup { .. } => unreachable!("an operation given what it names"),
+                }
+            }
+        };
         if let Some(wait) = wait {
             self.shared.wait_durable(wait).await?;
         }
@@ -204,16 +218,48 @@ impl EmbeddedStore {
         operation: O,
         load: Load,
         context: RequestContext<O::Output>,
-    ) -> Result<(Reply<O::Output>, Option<Wait>), StoreError> {
+        found: Option<Found>,
+    ) -> Result<Step<O>, StoreError> {
         let journal = match (load, &self.shared.journal) {
             (Load::Alone, Some(journal)) => journal.try_lock().ok(),
             _ => None,
         };
-        let (reply, wait) = self.shared.apply(operation, journal.is_none(), context)?;
-        if let (Some(mut journal), Some(_)) = (journal, wait) {
+        let step = self
+            .shared
+            .apply(operation, journal.is_none(), context, found)?;
+        if let (Some(mut journal), Step::Done(_, Some(_))) = (journal, &step) {
             self.shared.sync_alone(&mut journal)?;
         }
-        Ok((reply, wait))
+        Ok(step)
+    }
+
+    /// Reads what `lookup` names from the history store. The archive that took it out of
+    /// the state is at or before `seen`, the last record its operation saw applied; unless
+    /// the history store already holds that far, the read waits until `seen` is durable
+    /// (its history is then handed over) and what was handed over is written.
+    async fn read_archived(
+        &self,
+        lookup: ArchiveLookup,
+        seen: Option<Wait>,
+    ) -> Result<Found, StoreError> {
+        let history = self.shared.projector.history().clone();
+        let held = history.held_seq().unwrap_or(0);
+        let behind = seen.is_none_or(|wait| wait.seq > held);
+        if let (true, Some(wait)) = (behind, seen) {
+            self.shared.wait_durable(wait).await?;
+        }
+        let progress = self.shared.projector.progress().clone();
+        let read = move || {
+            if behind {
+                progress.wait_caught_up(HISTORY_CATCH_UP);
+            }
+            history.archived(&lookup)
+        };
+        match tokio::task::spawn_blocking(read).await {
+            Ok(Ok(found)) => Ok(found.map(Arc::new)),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Err(e) => Err(StoreError::Unavailable(format!("history read: {e}"))),
+        }
     }
 }
 
@@ -360,12 +406,13 @@ impl Store for EmbeddedStore {
 
     fn metrics(&self) -> Vec<Metric> {
         // Sizes are read from the state when asked, not counted on every command.
-        let (reservations, budgets, due, faulted) =
-            self.shared.ledger.lock().map_or((0, 0, 0, true), |l| {
+        let (reservations, archived_keys, budgets, due, faulted) =
+            self.shared.ledger.lock().map_or((0, 0, 0, 0, true), |l| {
                 let s = &l.state;
                 let faulted = l.fault.is_some();
                 (
                     s.reservation_count(),
+                    s.archived_key_count(),
                     s.budget_count(),
                     s.deliveries_due(),
                     faulted,
@@ -430,9 +477,23 @@ impl Store for EmbeddedStore {
             ),
             metric(
                 "cycles_reservations",
-                "Reservations held in the state (all statuses).",
+                "Reservations in memory: the ACTIVE ones and those settled too recently to be \
+                 archived yet.",
                 false,
                 reservations as u64,
+            ),
+            metric(
+                "cycles_reservations_archived",
+                "Settled reservations archived in the history store (on disk, not in memory).",
+                false,
+                self.shared.projector.history().archived_count(),
+            ),
+            metric(
+                "cycles_archived_reserve_keys",
+                "Digests of archived reservations' reserve keys kept in memory while their \
+                 replay windows last (8 bytes each).",
+                false,
+                archived_keys as u64,
             ),
             metric("cycles_budgets", "Budget ledgers.", false, budgets as u64),
             metric(

@@ -5,21 +5,25 @@
 //! (u64 LE), CRC32C of the payload (u32 LE), payload (postcard-encoded [`SnapshotData`]).
 //!
 //! Version 2 added the webhook state at the end of the payload, version 3 the policies'
-//! rate counts after it; older snapshots are still read (as [`SnapshotV1`], with no
-//! webhooks, and [`SnapshotV2`], with no rate counts). The journal's format is unchanged: new
-//! effects were appended to the enum, so old records decode as they were.
+//! rate counts after it, version 4 the digests of archived reserves' keys after those;
+//! older snapshots are still read (as [`SnapshotV1`], with no webhooks, [`SnapshotV2`], with
+//! no rate counts, and [`SnapshotV3`], with no archived keys: nothing had been archived).
+//! The journal's format is unchanged: new effects were appended to the enum, so old records
+//! decode as they were.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use ledger::{SnapshotData, SnapshotV1, SnapshotV2};
+use ledger::{SnapshotData, SnapshotV1, SnapshotV2, SnapshotV3};
 use serde::Serialize;
 
 use super::files::{list_segments, list_snapshots, private_file, snapshot_path, sync_dir};
 
 /// The snapshot format written.
-const SNAPSHOT_VERSION: u32 = 3;
+const SNAPSHOT_VERSION: u32 = 4;
+/// The snapshot format before archived reservations, still read.
+const SNAPSHOT_VERSION_3: u32 = 3;
 /// The snapshot format before rate counts, still read.
 const SNAPSHOT_VERSION_2: u32 = 2;
 /// The snapshot format before webhooks, still read.
@@ -116,6 +120,9 @@ pub fn parse_snapshot(bytes: &[u8]) -> Option<(u64, SnapshotData)> {
     }
     let data = match version {
         SNAPSHOT_VERSION => postcard::from_bytes(payload).ok(),
+        SNAPSHOT_VERSION_3 => postcard::from_bytes::<SnapshotV3>(payload)
+            .ok()
+            .map(SnapshotData::from),
         SNAPSHOT_VERSION_2 => postcard::from_bytes::<SnapshotV2>(payload)
             .ok()
             .map(SnapshotData::from),
@@ -231,6 +238,10 @@ mod tests {
             count: 17,
         };
         state.apply_effect(&Effect::PutRateCount(key, count));
+        // Digests of archived reserves' keys, in two days.
+        let mut data = state.to_snapshot();
+        data.archived_keys = vec![(19_700, vec![3, 1, 2]), (19_701, vec![5])];
+        let state = State::from_snapshot(data);
         let dir = tempfile::tempdir().expect("temp dir");
         let path = write_snapshot(dir.path(), 7, &state.snapshot_source()).expect("write");
         let (seq, data) = read_snapshot(&path)
@@ -239,12 +250,31 @@ mod tests {
         assert_eq!(seq, 7);
         assert_eq!(data, state.to_snapshot());
         assert_eq!(data.rate_counts.len(), 1);
+        assert_eq!(
+            data.archived_keys,
+            [(19_700, vec![1, 2, 3]), (19_701, vec![5])]
+        );
         // A damaged byte anywhere in the payload makes the snapshot unreadable, not wrong.
         let mut bytes = fs::read(&path).expect("read bytes");
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         fs::write(&path, bytes).expect("write bytes");
         assert!(read_snapshot(&path).expect("read").is_none());
+    }
+
+    /// A snapshot file of format `version` with `payload`, at sequence number 9.
+    fn framed(version: u32, payload: &[u8]) -> (tempfile::TempDir, PathBuf) {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&version.to_le_bytes());
+        bytes.extend_from_slice(&9u64.to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = snapshot_path(dir.path(), 9);
+        fs::write(&path, bytes).expect("write");
+        (dir, path)
     }
 
     /// A format-2 snapshot (before policies' rate counts) reads as its state with none.
@@ -256,21 +286,30 @@ mod tests {
             ..SnapshotV2::default()
         };
         let payload = postcard::to_allocvec(&v2).expect("encode");
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&SNAPSHOT_VERSION_2.to_le_bytes());
-        bytes.extend_from_slice(&9u64.to_le_bytes());
-        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-        bytes.extend_from_slice(&payload);
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = snapshot_path(dir.path(), 9);
-        fs::write(&path, bytes).expect("write");
+        let (_dir, path) = framed(SNAPSHOT_VERSION_2, &payload);
         let (seq, data) = read_snapshot(&path).expect("read").expect("a v2 snapshot");
         assert_eq!(seq, 9);
         assert_eq!((data.last_event, data.last_delivery), (41, 42));
         assert!(data.rate_counts.is_empty());
         assert_eq!(data, SnapshotData::from(v2));
+    }
+
+    /// A format-3 snapshot (before archiving) reads as its state with no archived keys.
+    #[test]
+    fn a_format_3_snapshot_reads_with_no_archived_keys() {
+        let v3 = SnapshotV3 {
+            last_event: 7,
+            ..SnapshotV3::default()
+        };
+        let payload = postcard::to_allocvec(&v3).expect("encode");
+        let (_dir, path) = framed(SNAPSHOT_VERSION_3, &payload);
+        let (_, data) = read_snapshot(&path).expect("read").expect("a v3 snapshot");
+        assert_eq!(data.last_event, 7);
+        assert!(data.archived_keys.is_empty());
+        assert_eq!(data, SnapshotData::from(v3));
+        // The current format's payload is longer: read as format 3, it is refused.
+        let (_dir, path) = framed(SNAPSHOT_VERSION, &payload);
+        assert!(read_snapshot(&path).expect("read").is_none());
     }
 
     /// Pruning after a snapshot at 300 (with one at 200 before it) drops the journal

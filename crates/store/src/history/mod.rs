@@ -1,6 +1,6 @@
-//! The history store: what is append-only and historical (audit entries, events, and the
-//! versions of every webhook delivery) lives on disk, indexed for the API's queries, never in the
-//! ledger's memory.
+//! The history store: what is append-only and historical (audit entries, events, the
+//! versions of every webhook delivery, and settled reservations once archived) lives on
+//! disk, indexed for the API's queries, never in the ledger's memory.
 //!
 //! The journal stays the one durable step: an entry is written in the journal record of the
 //! change it describes, and the history store is a projection of the journal, applied after
@@ -10,6 +10,7 @@
 //! [`Progress::pending`]). Reads go to the store directly, never through the ledger lock.
 
 mod events_sql;
+mod reservations_sql;
 mod sqlite;
 
 use std::io;
@@ -21,8 +22,9 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use ledger::{
-    AuditEntry, AuditPage, AuditQuery, Delivery, DeliveryPage, DeliveryQuery, Effect, Event,
-    EventPage, EventQuery, Millis,
+    ArchiveLookup, Archived, AuditEntry, AuditPage, AuditQuery, Delivery, DeliveryPage,
+    DeliveryQuery, Effect, Event, EventPage, EventQuery, ListReservations, Millis, ReservationPage,
+    TERMINAL_RETENTION_MS,
 };
 
 use crate::Clock;
@@ -35,6 +37,8 @@ pub enum Item {
     Event(Event),
     /// A version of a delivery (the last one written wins).
     Delivery(Delivery),
+    /// A settled reservation that left the state, with its idempotency records.
+    Archived(Arc<Archived>),
 }
 
 impl Item {
@@ -44,6 +48,7 @@ impl Item {
             Effect::Audit(entry) => Some(Item::Audit((**entry).clone())),
             Effect::Event(event) => Some(Item::Event((**event).clone())),
             Effect::PutDelivery(d) => Some(Item::Delivery((**d).clone())),
+            Effect::ArchiveReservation(a) => Some(Item::Archived(a.clone())),
             _ => None,
         }
     }
@@ -90,6 +95,8 @@ pub struct Cutoffs {
     pub unauthenticated: Option<Millis>,
     pub events: Option<Millis>,
     pub deliveries: Option<Millis>,
+    /// Archived reservations, by when they settled (their retention is the protocol's).
+    pub settled: Option<Millis>,
 }
 
 impl Retention {
@@ -101,6 +108,7 @@ impl Retention {
             unauthenticated: cutoff(self.unauthenticated_days),
             events: cutoff(self.events_days),
             deliveries: cutoff(self.deliveries_days),
+            settled: Some(now - TERMINAL_RETENTION_MS),
         }
     }
 }
@@ -130,6 +138,13 @@ pub trait History: Send + Sync + 'static {
     /// One page of a subscription's deliveries.
     fn delivery_page(&self, query: &DeliveryQuery) -> io::Result<DeliveryPage>;
 
+    /// The archived reservation `lookup` names, with its records.
+    fn archived(&self, lookup: &ArchiveLookup) -> io::Result<Option<Archived>>;
+
+    /// One page of `tenant`'s archived reservations for a listing (its order, cursor and
+    /// filters), to merge with the state's ([`ListReservations::merge`]).
+    fn archived_page(&self, tenant: &str, query: &ListReservations) -> io::Result<ReservationPage>;
+
     /// Deletes what is older than its cutoff; answers how many rows went.
     fn expire(&self, cutoffs: Cutoffs) -> io::Result<u64>;
 
@@ -143,6 +158,9 @@ pub trait History: Send + Sync + 'static {
 
     /// How many events are held.
     fn event_count(&self) -> u64;
+
+    /// How many archived reservations are held.
+    fn archived_count(&self) -> u64;
 }
 
 /// What is handed to the projector, in journal order.

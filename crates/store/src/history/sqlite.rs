@@ -14,14 +14,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ledger::{
-    AuditEntry, AuditPage, AuditQuery, AuditSort, DeliveryPage, DeliveryQuery, Event, EventPage,
-    EventQuery, SortValue, StatusFilter,
+    ArchiveLookup, Archived, AuditEntry, AuditPage, AuditQuery, AuditSort, DeliveryPage,
+    DeliveryQuery, Event, EventPage, EventQuery, ListReservations, ReservationPage, SortValue,
+    StatusFilter,
 };
 use ledger::{Position, UNAUTH_TENANT};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::events_sql;
+use super::{events_sql, reservations_sql};
 use super::{Cutoffs, History, Item};
 
 pub const FILE_NAME: &str = "history.sqlite";
@@ -90,6 +91,9 @@ pub struct SqliteHistory {
     statuses: Mutex<BTreeMap<u16, u64>>,
     /// Events held: counted at open, then kept by appends and retention.
     events: AtomicU64,
+    /// Archived reservations held: kept in `meta` by the writes that change it (counting
+    /// millions of rows at every start would make a restart scale with history).
+    archived: AtomicU64,
 }
 
 fn sql_error(e: rusqlite::Error) -> io::Error {
@@ -142,16 +146,14 @@ impl SqliteHistory {
         writer
             .execute_batch(events_sql::SCHEMA)
             .map_err(sql_error)?;
+        writer
+            .execute_batch(reservations_sql::SCHEMA)
+            .map_err(sql_error)?;
+        let archived = meta(&writer, "archived")?;
         let events: i64 = writer
             .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
             .map_err(sql_error)?;
-        let held = writer
-            .query_row("SELECT value FROM meta WHERE name = 'held_seq'", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .optional()
-            .map_err(sql_error)?
-            .unwrap_or(0);
+        let held = meta(&writer, "held_seq")?;
         let mut statuses = BTreeMap::new();
         {
             let mut by_status = writer
@@ -177,6 +179,7 @@ impl SqliteHistory {
             entries: AtomicU64::new(entries),
             statuses: Mutex::new(statuses),
             events: AtomicU64::new(events as u64),
+            archived: AtomicU64::new(archived as u64),
         })
     }
 }
@@ -191,6 +194,7 @@ impl History for SqliteHistory {
             })
             .collect();
         let mut events = 0;
+        let mut archived = 0;
         let mut writer = lock(&self.writer);
         let tx = writer.transaction().map_err(sql_error)?;
         {
@@ -232,18 +236,23 @@ impl History for SqliteHistory {
                     Item::Delivery(d) => {
                         events_sql::upsert_delivery(&tx, *record_seq, d).map_err(sql_error)?
                     }
+                    Item::Archived(a) => {
+                        if reservations_sql::insert(&tx, *record_seq, a).map_err(sql_error)? {
+                            archived += 1;
+                        }
+                    }
                     Item::Audit(_) => {}
                 }
             }
-            tx.execute(
-                "INSERT INTO meta (name, value) VALUES ('held_seq', ?1) \
-                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                [upto as i64],
-            )
-            .map_err(sql_error)?;
+            set_meta(&tx, "held_seq", upto as i64)?;
+            if archived > 0 {
+                let total = self.archived.load(Ordering::Acquire) + archived;
+                set_meta(&tx, "archived", total as i64)?;
+            }
         }
         tx.commit().map_err(sql_error)?;
         self.held.store(upto, Ordering::Release);
+        self.archived.fetch_add(archived, Ordering::AcqRel);
         self.entries
             .fetch_add(entries.len() as u64, Ordering::AcqRel);
         self.events.fetch_add(events, Ordering::AcqRel);
@@ -301,9 +310,21 @@ impl History for SqliteHistory {
         events_sql::delivery_page(&lock(&self.reader), query).map_err(sql_error)
     }
 
+    fn archived(&self, lookup: &ArchiveLookup) -> io::Result<Option<Archived>> {
+        reservations_sql::lookup(&lock(&self.reader), lookup).map_err(sql_error)
+    }
+
+    fn archived_page(&self, tenant: &str, query: &ListReservations) -> io::Result<ReservationPage> {
+        reservations_sql::page(&lock(&self.reader), tenant, query).map_err(sql_error)
+    }
+
     fn expire(&self, cutoffs: Cutoffs) -> io::Result<u64> {
         let writer = lock(&self.writer);
         let mut deleted = 0;
+        if let Some(cutoff) = cutoffs.settled {
+            let n = delete_rows(&writer, reservations_sql::EXPIRE_SQL, cutoff)?;
+            deleted += self.archived_gone(&writer, n)?;
+        }
         // Each walks an index from its oldest end: no scan of what is kept.
         if let Some(cutoff) = cutoffs.events {
             let sql = "DELETE FROM events WHERE number IN (SELECT number FROM events                        WHERE ts < ?1 ORDER BY ts LIMIT ?2)";
@@ -353,13 +374,9 @@ impl History for SqliteHistory {
             "DELETE FROM deliveries WHERE delivery_id IN (SELECT delivery_id FROM deliveries              WHERE record_seq > ?1 LIMIT ?2)",
             seq as i64,
         )?;
-        writer
-            .execute(
-                "INSERT INTO meta (name, value) VALUES ('held_seq', ?1) \
-                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                [seq as i64],
-            )
-            .map_err(sql_error)?;
+        let archived = delete_rows(&writer, reservations_sql::TRIM_SQL, seq as i64)?;
+        deleted += self.archived_gone(&writer, archived)?;
+        set_meta(&writer, "held_seq", seq as i64)?;
         self.held.store(seq, Ordering::Release);
         Ok(deleted)
     }
@@ -371,6 +388,32 @@ impl History for SqliteHistory {
     fn event_count(&self) -> u64 {
         self.events.load(Ordering::Acquire)
     }
+
+    fn archived_count(&self) -> u64 {
+        self.archived.load(Ordering::Acquire)
+    }
+}
+
+/// A counter or mark kept in `meta` (0 when never written).
+fn meta(c: &Connection, name: &str) -> io::Result<i64> {
+    Ok(
+        c.query_row("SELECT value FROM meta WHERE name = ?1", [name], |r| {
+            r.get::<_, i64>(0)
+        })
+        .optional()
+        .map_err(sql_error)?
+        .unwrap_or(0),
+    )
+}
+
+fn set_meta(c: &Connection, name: &str, value: i64) -> io::Result<()> {
+    c.execute(
+        "INSERT INTO meta (name, value) VALUES (?1, ?2) \
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        params![name, value],
+    )
+    .map_err(sql_error)?;
+    Ok(())
 }
 
 /// Runs `sql` (a `DELETE … LIMIT ?2` with `?1` bound to `bound`) until it deletes less than a
@@ -390,6 +433,18 @@ fn delete_rows(writer: &Connection, sql: &str, bound: i64) -> io::Result<u64> {
 }
 
 impl SqliteHistory {
+    /// Counts `n` archived reservations deleted; answers `n`.
+    fn archived_gone(&self, writer: &Connection, n: u64) -> io::Result<u64> {
+        if n > 0 {
+            let left = self
+                .archived
+                .fetch_sub(n, Ordering::AcqRel)
+                .saturating_sub(n);
+            set_meta(writer, "archived", left as i64)?;
+        }
+        Ok(n)
+    }
+
     /// Runs `sql` (a `DELETE … LIMIT ?2 RETURNING status` with `?1` bound to `bound`) until
     /// it deletes less than a chunk, keeping the counts; answers how many rows went.
     fn delete_chunked(&self, writer: &Connection, sql: &str, bound: i64) -> io::Result<u64> {

@@ -254,7 +254,10 @@ fn workload(start: usize, len: usize) -> Vec<Command> {
         if n % 10 == 4 {
             // Lapses before the next command (STEP_MS later), which expires it.
             commands.push(reserve_for(&id, estimate, Some(1)));
-            commands.push(Command::Maintain(Maintain { limit: 16 }));
+            commands.push(Command::Maintain(Maintain {
+                limit: 16,
+                archive_after_ms: 0,
+            }));
             n += 1;
             continue;
         }

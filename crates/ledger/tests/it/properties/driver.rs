@@ -289,6 +289,7 @@ pub struct Driver {
 
 impl Driver {
     pub fn run(setup: &Setup, ops: &[Op], check: &mut Check) -> Result<Driver, TestCaseError> {
+        crate::properties::model::reset_archive();
         let mut driver = Driver {
             state: State::new(),
             now: START,
@@ -313,6 +314,7 @@ impl Driver {
 
     fn step(&mut self, command: Command, check: &mut Check) -> Result<&Applied, TestCaseError> {
         let before = self.state.clone();
+        crate::properties::model::at_step(self.log.len());
         let applied = apply(&mut self.state, command.clone(), self.now);
         check(&Step {
             before: &before,
@@ -386,7 +388,10 @@ impl Driver {
         if let Some(at) = at {
             self.now = self.now.max(at.saturating_add(offset));
         }
-        sweep.then_some(Command::Maintain { limit: usize::MAX })
+        sweep.then_some(Command::Maintain {
+            limit: usize::MAX,
+            archive_after_ms: 0,
+        })
     }
 
     fn target(&self, target: &Target) -> String {
@@ -535,7 +540,13 @@ impl Driver {
                         .map(|k| idem(self.key(("fund", String::new()), k))),
                 },
             },
-            Op::Maintain { limit } => Command::Maintain { limit: *limit },
+            Op::Maintain {
+                limit,
+                archive_after_ms,
+            } => Command::Maintain {
+                limit: *limit,
+                archive_after_ms: *archive_after_ms,
+            },
             Op::Advance { ms } => {
                 self.now += ms;
                 return None;

@@ -20,7 +20,9 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 
 use crate::properties::checks::balances::Accounts;
-use crate::properties::checks::determinism::{check_determinism, check_restore_midway};
+use crate::properties::checks::determinism::{
+    check_archive_is_invisible, check_determinism, check_restore_midway,
+};
 use crate::properties::checks::evaluation::check_evaluation;
 use crate::properties::checks::events::check_events;
 use crate::properties::checks::idempotency::Replays;
@@ -119,6 +121,15 @@ proptest! {
     fn apply_is_deterministic_and_replayable(setup in setup(), ops in ops()) {
         let driver = Driver::run(&setup, &ops, &mut no_check)?;
         check_determinism(driver)?;
+    }
+
+    /// Archiving is invisible: the same commands with every settled reservation kept in
+    /// memory answer the same, and change the same, as when they were archived (each
+    /// answered from the archive).
+    #[test]
+    fn archived_reservations_answer_as_kept_ones(setup in setup(), ops in ops()) {
+        let driver = Driver::run(&setup, &ops, &mut no_check)?;
+        check_archive_is_invisible(&driver)?;
     }
 
     /// A state restored from a snapshot at any point continues exactly like the original.

@@ -1,16 +1,22 @@
 //! The operations a case drives, as one enum: the generator needs a single type to draw and
 //! resend requests of every kind, and the checks a single type of answer. Each variant
 //! holds (or builds) one typed ledger operation; [`apply`] runs it and wraps its output.
+//!
+//! [`apply`] is also the model's store for archived reservations: it keeps what every
+//! archive took out of a state (the history store of a real engine) and gives an operation
+//! the archived reservation it looks up, as an engine does.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ledger::{
-    Actor, ApiKey, Applied, Budget, BulkBudgets, BulkResult, BulkTenants, Commit, CommitResult,
-    CreateApiKey, CreateBudget, CreateTenant, CreateWebhook, Decide, DecideResult, Delivery,
-    DueDeliveries, EventResult, Extend, ExtendResult, FundBudget, FundResult, Funding, Idempotent,
-    Maintain, Millis, NewApiKey, NewBudget, NewTenant, RecordAttempt, RecordEvent, Release,
-    ReleaseResult, Reserve, ReserveResult, State, Tenant, TenantPatch, UpdateTenant, UpdateWebhook,
-    WebhookSubscription,
+    Actor, ApiKey, Applied, ArchiveLookup, Archived, Budget, BulkBudgets, BulkResult, BulkTenants,
+    Commit, CommitResult, CreateApiKey, CreateBudget, CreateTenant, CreateWebhook, Decide,
+    DecideResult, Delivery, DueDeliveries, Effect, EventResult, Extend, ExtendResult, Found,
+    FundBudget, FundResult, Funding, Idempotent, Maintain, Millis, NewApiKey, NewBudget, NewTenant,
+    Origin, RecordAttempt, RecordEvent, Release, ReleaseResult, Reserve, ReserveResult, State,
+    Tenant, TenantPatch, UpdateTenant, UpdateWebhook, WebhookSubscription,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +50,7 @@ pub enum Command {
     },
     Maintain {
         limit: usize,
+        archive_after_ms: Millis,
     },
     BulkTenants(BulkTenants),
     BulkBudgets(BulkBudgets),
@@ -95,6 +102,7 @@ pub enum Outcome {
         expired: usize,
         keys_expired: usize,
         evicted: usize,
+        archived: usize,
     },
     Webhook(Arc<WebhookSubscription>),
     Due(usize),
@@ -107,7 +115,54 @@ pub enum Outcome {
 /// `Applied`, as the checks see it.
 pub type Step = Applied<Outcome>;
 
-/// Applies `command` with [`ledger::apply`] and wraps its typed output.
+thread_local! {
+    /// The archived reservations of the running case, by id, with the step of the case's
+    /// log that archived each: a case's states are all of one history (copies and replays
+    /// of the log archive the same reservations at the same steps), so they share one
+    /// store, and a state at step `n` sees what steps before `n` archived, never what a
+    /// later step will.
+    static ARCHIVE: RefCell<HashMap<String, (usize, Arc<Archived>)>> = RefCell::default();
+    /// The step of the case's log being applied (set by whoever replays the log).
+    static STEP: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Forgets the archive of the previous case.
+pub fn reset_archive() {
+    ARCHIVE.with(|a| a.borrow_mut().clear());
+    STEP.with(|s| s.set(0));
+}
+
+/// The next command applied is step `n` of the case's log.
+pub fn at_step(n: usize) {
+    STEP.with(|s| s.set(n));
+}
+
+/// What the model's store holds for `lookup` before the current step, as an engine's
+/// history store answers.
+fn find(lookup: &ArchiveLookup) -> Found {
+    let step = STEP.with(std::cell::Cell::get);
+    ARCHIVE.with(|archive| {
+        let archive = archive.borrow();
+        let mut before = archive
+            .values()
+            .filter(|(at, _)| *at < step)
+            .map(|(_, a)| a);
+        match lookup {
+            ArchiveLookup::Reservation(id) => before
+                .find(|a| &*a.reservation.reservation_id == id)
+                .cloned(),
+            ArchiveLookup::CreatedBy { tenant, key } => before
+                .filter(|a| {
+                    a.reservation.tenant_id == *tenant && a.reservation.idempotency_key == *key
+                })
+                .max_by_key(|a| a.reservation.created_at_ms)
+                .cloned(),
+        }
+    })
+}
+
+/// Applies `command` with [`ledger::apply_in`] (given the archived reservation it looks
+/// up, if any) and wraps its typed output.
 pub fn apply(state: &mut State, command: Command, now: Millis) -> Step {
     fn run<O: ledger::Operation>(
         state: &mut State,
@@ -115,7 +170,18 @@ pub fn apply(state: &mut State, command: Command, now: Millis) -> Step {
         now: Millis,
         wrap: impl FnOnce(O::Output) -> Outcome,
     ) -> Step {
-        let applied = ledger::apply(state, op, now);
+        let found = op.archive_lookup(state, now).map(|lookup| find(&lookup));
+        let applied = ledger::apply_in(state, op, now, &Origin::default, found);
+        let step = STEP.with(std::cell::Cell::get);
+        ARCHIVE.with(|archive| {
+            let mut archive = archive.borrow_mut();
+            for effect in &applied.effects {
+                if let Effect::ArchiveReservation(a) = effect {
+                    let id = a.reservation.reservation_id.to_string();
+                    archive.entry(id).or_insert_with(|| (step, a.clone()));
+                }
+            }
+        });
         Applied {
             result: applied.result.map(wrap),
             effects: applied.effects,
@@ -173,11 +239,19 @@ pub fn apply(state: &mut State, command: Command, now: Millis) -> Step {
         }
         Command::BulkTenants(op) => run(state, op, now, replayable!(Bulk)),
         Command::BulkBudgets(op) => run(state, op, now, replayable!(Bulk)),
-        Command::Maintain { limit } => {
-            run(state, Maintain { limit }, now, |m| Outcome::Maintained {
+        Command::Maintain {
+            limit,
+            archive_after_ms,
+        } => {
+            let op = Maintain {
+                limit,
+                archive_after_ms,
+            };
+            run(state, op, now, |m| Outcome::Maintained {
                 expired: m.expired,
                 keys_expired: m.keys_expired,
                 evicted: m.evicted,
+                archived: m.archived,
             })
         }
         Command::CreateWebhook(op) => run(state, op, now, Outcome::Webhook),

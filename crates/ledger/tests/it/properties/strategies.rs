@@ -126,6 +126,7 @@ pub enum Op {
     },
     Maintain {
         limit: usize,
+        archive_after_ms: i64,
     },
     Advance {
         ms: i64,
@@ -338,8 +339,15 @@ fn op() -> impl Strategy<Value = Op> {
             key,
             bulk,
         });
-    let maintain =
-        prop_oneof![0..=3usize, Just(usize::MAX)].prop_map(|limit| Op::Maintain { limit });
+    // Archiving at once, soon, or never in a case: sequences cross the boundary between
+    // the state and the archive all the time.
+    let archive_after = prop_oneof![Just(0), Just(SECOND), Just(i64::MAX)];
+    let maintain = (prop_oneof![0..=3usize, Just(usize::MAX)], archive_after).prop_map(
+        |(limit, archive_after_ms)| Op::Maintain {
+            limit,
+            archive_after_ms,
+        },
+    );
     let clock = prop_oneof![
         16 => prop_oneof![
             8 => 0..=2 * SECOND,

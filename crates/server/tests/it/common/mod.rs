@@ -189,6 +189,7 @@ impl TestServer {
             listen: "127.0.0.1:0".parse().expect("addr"),
             admin_api_key: ADMIN_KEY.into(),
             sweep_interval: Duration::from_millis(20),
+            archive_after: Duration::from_secs(2),
             rate_limit: None,
             public_metrics: false,
             dashboard: None,

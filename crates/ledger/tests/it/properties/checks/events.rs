@@ -216,8 +216,13 @@ fn check_key_expiry(step: &Step, events: &[&Event]) -> Result<(), TestCaseError>
     turned.sort();
     announced.sort();
     prop_assert_eq!(announced, turned);
-    if matches!(step.command, Command::Maintain { limit: usize::MAX })
-        && step.applied.result.is_ok()
+    if matches!(
+        step.command,
+        Command::Maintain {
+            limit: usize::MAX,
+            ..
+        }
+    ) && step.applied.result.is_ok()
     {
         prop_assert!(
             !step

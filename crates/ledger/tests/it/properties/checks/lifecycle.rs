@@ -4,15 +4,14 @@ use std::collections::BTreeSet;
 
 use crate::properties::model::{Command, Outcome};
 use ledger::{
-    ApiKeyStatus, BudgetStatus, Decision, Rejection, Reservation, ReservationStatus, TenantStatus,
-    TERMINAL_RETENTION_MS,
+    ApiKeyStatus, BudgetStatus, Decision, Effect, Endpoint, Rejection, Reservation,
+    ReservationStatus, TenantStatus,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use crate::properties::checks::{
-    balance_scopes, balances_are_current, budgeted_scopes, same_reservations, settled_id,
-    terminal_at, texts,
+    balance_scopes, balances_are_current, budgeted_scopes, same_reservations, settled_id, texts,
 };
 use crate::properties::driver::Step;
 use crate::properties::MAX_TTL;
@@ -219,7 +218,7 @@ fn check_reservation_transitions(step: &Step) -> Result<(), TestCaseError> {
     for id in ids {
         match (step.before.reservation(id), step.after.reservation(id)) {
             (None, Some(new)) => check_created(step, new)?,
-            (Some(old), None) => check_evicted(step, old)?,
+            (Some(old), None) => check_archived(step, old)?,
             (Some(old), Some(new)) if old != new => {
                 if new.status == ReservationStatus::Expired {
                     expired += 1;
@@ -271,18 +270,22 @@ fn check_created(step: &Step, new: &Reservation) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn check_evicted(step: &Step, old: &Reservation) -> Result<(), TestCaseError> {
+/// A reservation leaves the state only when a maintenance pass archives it, settled at
+/// least its `archive_after_ms` before.
+fn check_archived(step: &Step, old: &Reservation) -> Result<(), TestCaseError> {
+    let Command::Maintain {
+        archive_after_ms, ..
+    } = step.command
+    else {
+        return Err(TestCaseError::fail(format!(
+            "{:?} removed reservation {old:?}",
+            step.command
+        )));
+    };
+    let at = old.settled_at_ms();
     prop_assert!(
-        matches!(step.command, Command::Maintain { .. }),
-        "{:?} removed reservation {:?}",
-        step.command,
-        old
-    );
-    prop_assert_ne!(old.status, ReservationStatus::Active);
-    let at = terminal_at(old);
-    prop_assert!(
-        at.is_some_and(|at| at + TERMINAL_RETENTION_MS <= step.now),
-        "evicted before its retention ended: {:?} at {}",
+        at.is_some_and(|at| at.saturating_add(*archive_after_ms) <= step.now),
+        "archived too soon: {:?} at {}",
         old,
         step.now
     );
@@ -469,9 +472,15 @@ fn check_tenant_close(step: &Step) -> Result<(), TestCaseError> {
 /// A maintenance pass expires what is due and evicts what is stale, up to its limit each.
 fn check_maintenance(step: &Step) -> Result<(), TestCaseError> {
     let (
-        Command::Maintain { limit },
+        Command::Maintain {
+            limit,
+            archive_after_ms,
+        },
         Ok(Outcome::Maintained {
-            expired, evicted, ..
+            expired,
+            evicted,
+            archived,
+            ..
         }),
     ) = (step.command, &step.applied.result)
     else {
@@ -485,17 +494,36 @@ fn check_maintenance(step: &Step) -> Result<(), TestCaseError> {
         prop_assert_eq!(step.after.reservations().filter(lapsed).count(), 0);
     }
     let snapshot = step.before.to_snapshot();
-    let stale_reservations = snapshot
-        .reservations
-        .iter()
-        .filter(|r| r.status != ReservationStatus::Active)
-        .filter(|r| terminal_at(r).is_some_and(|at| at + TERMINAL_RETENTION_MS <= step.now))
-        .count();
     let stale_records = snapshot
         .idempotency
         .iter()
         .filter(|(_, rec)| rec.expires_at_ms <= step.now)
         .count();
-    prop_assert_eq!(*evicted, (stale_reservations + stale_records).min(*limit));
+    prop_assert_eq!(*evicted, stale_records.min(*limit));
+    // Settled long enough: archived, oldest first, up to the limit; what was archived is
+    // gone from the state with the records of its commit, release and extensions.
+    let settled = |r: &&Reservation| {
+        r.settled_at_ms()
+            .is_some_and(|at| at.saturating_add(*archive_after_ms) <= step.now)
+    };
+    let due = step.before.reservations().filter(settled).count();
+    prop_assert_eq!(*archived, due.min(*limit));
+    let gone: Vec<&str> = step
+        .applied
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::ArchiveReservation(a) => Some(&*a.reservation.reservation_id),
+            _ => None,
+        })
+        .collect();
+    prop_assert_eq!(gone.len(), *archived);
+    for id in gone {
+        prop_assert!(step.after.reservation(id).is_none());
+        let records_left = step.after.to_snapshot().idempotency.into_iter().any(|(k, _)| {
+            matches!(&k.endpoint, Endpoint::Commit(r) | Endpoint::Release(r) | Endpoint::Extend(r) if &**r == id)
+        });
+        prop_assert!(!records_left, "{id}'s settlement records stayed");
+    }
     Ok(())
 }
