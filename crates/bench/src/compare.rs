@@ -122,6 +122,8 @@ pub struct Budgets {
     pub max_p50_ms: Option<f64>,
     /// Ceiling for every case's p99.
     pub max_p99_ms: Option<f64>,
+    /// Most RSS growth allowed per settled reservation (the settled phase), in bytes.
+    pub max_rss_per_settled_bytes: Option<f64>,
 }
 
 /// Every budget `r` breaks; errors and ledger mismatches always do.
@@ -177,6 +179,20 @@ pub fn check(r: &Report, b: &Budgets) -> Vec<String> {
             )),
             _ => {}
         }
+    }
+    match (
+        r.resources.rss_per_settled_reservation(),
+        b.max_rss_per_settled_bytes,
+    ) {
+        (_, None) => {}
+        (None, Some(_)) => failures.push(
+            "RSS per settled reservation: not measured (run the settled phase with --server-pid)"
+                .into(),
+        ),
+        (Some(per), Some(max)) if per > max => failures.push(format!(
+            "RSS per settled reservation: {per:.1} bytes over the budget of {max}"
+        )),
+        _ => {}
     }
     failures
 }
@@ -238,6 +254,7 @@ mod tests {
             max_allocations_per_commit: Some(10.0),
             max_p50_ms: Some(5.0),
             max_p99_ms: Some(1000.0),
+            max_rss_per_settled_bytes: None,
         };
         let failures = check(&r, &tight);
         assert_eq!(failures.len(), 3, "{failures:?}");
@@ -250,5 +267,21 @@ mod tests {
             .any(|f| f.starts_with("Fan-out shared 200: p50")));
         r.cases[0].errors = 2;
         assert!(check(&r, &Budgets::default())[0].starts_with("Reserve: 2 errors"));
+        r.cases[0].errors = 0;
+        // 100 MiB grown over a million settled reservations: 104.9 bytes each.
+        let memory = Budgets {
+            max_rss_per_settled_bytes: Some(100.0),
+            ..Budgets::default()
+        };
+        assert_eq!(check(&r, &memory), ["RSS per settled reservation: not measured (run the settled phase with --server-pid)"]);
+        r.resources.settled_rss_before_bytes = Some(50 << 20);
+        r.resources.settled_rss_after_bytes = Some(150 << 20);
+        r.resources.settled_reservations = Some(1_000_000);
+        assert_eq!(
+            check(&r, &memory),
+            ["RSS per settled reservation: 104.9 bytes over the budget of 100"]
+        );
+        r.resources.settled_rss_after_bytes = Some(140 << 20);
+        assert!(check(&r, &memory).is_empty());
     }
 }

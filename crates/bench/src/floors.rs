@@ -1,8 +1,9 @@
 //! The physical floors, measured in the same run as the cases: an unauthenticated health
-//! request (HTTP on this machine), a 4 KiB append + fdatasync on the data directory's file
-//! system, and a Redis round trip.
+//! request (HTTP on this machine), a 4 KiB write + fdatasync on the data directory's file
+//! system (two ways: see [`Probe`]), and a Redis round trip.
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,11 +18,29 @@ pub async fn health(conn: &mut Conn) -> anyhow::Result<()> {
     conn.get("/actuator/health").await?.expect(200).map(drop)
 }
 
-/// `warmup + iterations` appends of 4 KiB, each followed by `fdatasync`, on a temporary
-/// file inside `dir` (or its nearest existing ancestor: a memory-only server creates no
-/// data directory, and the file system is what matters); the timings of the last
-/// `iterations`. Blocking: run it off the runtime.
-pub fn fdatasync(dir: &Path, warmup: usize, iterations: usize) -> anyhow::Result<Vec<Duration>> {
+/// How the fdatasync probe writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Over space already written and synced, as the journal writes into its preallocated
+    /// segment: the file's size does not change, so the sync has no metadata to write.
+    /// The floor the server pays.
+    Overwrite,
+    /// At the end of the file, growing it: each sync also writes the new size.
+    Append,
+}
+
+const BLOCK: usize = 4096;
+
+/// `warmup + iterations` writes of 4 KiB (`probe` says where), each followed by
+/// `fdatasync`, on a temporary file inside `dir` (or its nearest existing ancestor: a
+/// memory-only server creates no data directory, and the file system is what matters); the
+/// timings of the last `iterations`. Blocking: run it off the runtime.
+pub fn fdatasync(
+    dir: &Path,
+    probe: Probe,
+    warmup: usize,
+    iterations: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let dir = dir
         .ancestors()
         .find(|d| d.is_dir())
@@ -30,11 +49,20 @@ pub fn fdatasync(dir: &Path, warmup: usize, iterations: usize) -> anyhow::Result
         .prefix(".cycles-bench-fsync-")
         .tempfile_in(dir)
         .with_context(|| format!("creating a probe file in {}", dir.display()))?;
-    let block = [0x5au8; 4096];
+    let rounds = warmup + iterations;
+    if probe == Probe::Overwrite {
+        // Preallocated the way the journal preallocates: zeros written and synced.
+        file.write_all(&vec![0u8; rounds * BLOCK])?;
+        file.as_file().sync_all()?;
+    }
+    let block = [0x5au8; BLOCK];
     let mut timings = Vec::with_capacity(iterations);
-    for i in 0..warmup + iterations {
+    for i in 0..rounds {
         let started = Instant::now();
-        file.write_all(&block)?;
+        match probe {
+            Probe::Overwrite => file.as_file().write_all_at(&block, (i * BLOCK) as u64)?,
+            Probe::Append => file.write_all(&block)?,
+        }
         file.as_file().sync_data()?;
         if i >= warmup {
             timings.push(started.elapsed());
@@ -145,12 +173,14 @@ mod tests {
     }
 
     #[test]
-    fn fdatasync_probe_times_each_iteration() {
+    fn fdatasync_probes_time_each_iteration() {
         let dir = tempfile::tempdir().unwrap();
-        let t = fdatasync(dir.path(), 2, 5).unwrap();
-        assert_eq!(t.len(), 5);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-        let missing = dir.path().join("not/yet");
-        assert_eq!(fdatasync(&missing, 0, 1).unwrap().len(), 1);
+        for probe in [Probe::Overwrite, Probe::Append] {
+            let t = fdatasync(dir.path(), probe, 2, 5).unwrap();
+            assert_eq!(t.len(), 5);
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+            let missing = dir.path().join("not/yet");
+            assert_eq!(fdatasync(&missing, probe, 0, 1).unwrap().len(), 1);
+        }
     }
 }

@@ -80,6 +80,10 @@ pub struct RunArgs {
     /// [default: 1000,1000000, or 1000,10000 with --quick].
     #[arg(long, value_delimiter = ',')]
     pub audit_entries: Option<Vec<u64>>,
+    /// Settled reservations the settled cells run at, each grown in turn by reserve →
+    /// commit lifecycles [default: 1000,1000000, or 1000,50000 with --quick].
+    #[arg(long, value_delimiter = ',')]
+    pub settled_rows: Option<Vec<u64>>,
     /// Concurrent clients that build the list fixtures through the API.
     #[arg(long, default_value_t = 64)]
     pub fixture_clients: usize,
@@ -126,6 +130,9 @@ pub enum Phase {
     /// Webhook deliveries per second to a receiver in this process (the server must be
     /// able to reach it: the phase opens its webhook security configuration to loopback).
     Webhooks,
+    /// Settled reservations as they accumulate (1k, then 1M reserve → commit lifecycles):
+    /// reads of archived against live ones, sorted lists, and the memory they cost.
+    Settled,
 }
 
 impl Phase {
@@ -138,6 +145,7 @@ impl Phase {
             Phase::LargeLists => "large-lists",
             Phase::Audit => "audit",
             Phase::Webhooks => "webhooks",
+            Phase::Settled => "settled",
         }
     }
 }
@@ -169,6 +177,10 @@ pub struct CheckArgs {
     /// Ceiling for every case's p99, in ms.
     #[arg(long)]
     pub max_p99_ms: Option<f64>,
+    /// Most RSS growth allowed per settled reservation over the settled phase, in bytes
+    /// (`VmRSS`, which counts allocator slack that heap counters miss).
+    #[arg(long)]
+    pub max_rss_per_settled_bytes: Option<f64>,
 }
 
 /// Entry point of `cycles bench`.
@@ -214,6 +226,13 @@ fn config(args: &RunArgs) -> anyhow::Result<suite::Config> {
                     vec![1_000, 1_000_000]
                 }
             }),
+            settled_rows: args.settled_rows.clone().unwrap_or_else(|| {
+                if quick {
+                    vec![1_000, 50_000]
+                } else {
+                    vec![1_000, 1_000_000]
+                }
+            }),
             fixture_clients: args.fixture_clients,
             client_threads: args.client_threads.max(1),
             phases: if args.only.is_empty() {
@@ -225,6 +244,7 @@ fn config(args: &RunArgs) -> anyhow::Result<suite::Config> {
                     Phase::LargeLists,
                     Phase::Audit,
                     Phase::Webhooks,
+                    Phase::Settled,
                 ]
                 .iter()
                 .map(|p| p.name().to_string())
@@ -296,6 +316,7 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         max_allocations_per_commit: args.max_allocations_per_commit,
         max_p50_ms: args.max_p50_ms,
         max_p99_ms: args.max_p99_ms,
+        max_rss_per_settled_bytes: args.max_rss_per_settled_bytes,
     };
     let failures = compare::check(&report, &budgets);
     let alloc = |s: Option<stats::Spread>| s.map_or("n/a".into(), |s| format!("{:.1}", s.median));

@@ -8,7 +8,12 @@ use crate::stats::{Sample, Spread};
 
 pub const SCHEMA: u32 = 1;
 pub const HTTP_FLOOR: &str = "HTTP floor (health)";
-pub const FSYNC_FLOOR: &str = "fdatasync floor (4 KiB)";
+/// A 4 KiB overwrite of synced space + fdatasync, as the journal writes: the floor cases
+/// are quoted against.
+pub const FSYNC_FLOOR: &str = "fdatasync floor (4 KiB overwrite)";
+/// A 4 KiB append + fdatasync (the file grows, so the sync also writes its size): reported
+/// beside it, the floor earlier reports quoted against.
+pub const FSYNC_APPEND_FLOOR: &str = "fdatasync floor (4 KiB append)";
 pub const REDIS_FLOOR: &str = "Redis floor (PING)";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,6 +192,9 @@ pub struct Method {
     /// The audit log sizes of the audit cells.
     #[serde(default)]
     pub audit_entries: Vec<u64>,
+    /// The numbers of settled reservations the settled cells ran at.
+    #[serde(default)]
+    pub settled_rows: Vec<u64>,
     pub fixture_clients: usize,
     pub client_threads: usize,
     pub quick: bool,
@@ -239,7 +247,45 @@ pub struct Resources {
     pub webhook_deliveries_per_sec: Option<f64>,
     #[serde(default)]
     pub webhook_deliveries: Option<u64>,
+    /// The server's RSS (`VmRSS`, settled) before the settled fixtures and after the
+    /// largest, with the reservations settled (and archived) in between.
+    #[serde(default)]
+    pub settled_rss_before_bytes: Option<u64>,
+    #[serde(default)]
+    pub settled_rss_after_bytes: Option<u64>,
+    #[serde(default)]
+    pub settled_reservations: Option<u64>,
 }
+
+impl Resources {
+    /// RSS grown per settled reservation over the settled fixtures, in bytes.
+    pub fn rss_per_settled_reservation(&self) -> Option<f64> {
+        let (before, after, n) = (
+            self.settled_rss_before_bytes?,
+            self.settled_rss_after_bytes?,
+            self.settled_reservations.filter(|n| *n > 0)?,
+        );
+        Some((after as f64 - before as f64) / n as f64)
+    }
+}
+
+/// `1k` for 1 000, `1M` for 1 000 000.
+pub fn rows_label(rows: u64) -> String {
+    match rows {
+        r if r >= 1_000_000 && r % 1_000_000 == 0 => format!("{}M", r / 1_000_000),
+        r if r >= 1_000 && r % 1_000 == 0 => format!("{}k", r / 1_000),
+        r => r.to_string(),
+    }
+}
+
+/// The settled cells, each run at every number of settled reservations (`<cell> @1k`,
+/// `<cell> @1M`): one reservation kept ACTIVE read beside an archived one, and the newest
+/// page of the tenant's reservations (archived rows merged with the live one).
+pub const SETTLED_CELLS: [&str; 3] = [
+    "GET reservation, live",
+    "GET reservation, archived",
+    "LIST sorted, archived",
+];
 
 /// The history cells, each run at every size of the history (`<cell> @1k`, `<cell> @1M`):
 /// the audit fixture's writes are top-ups, and each leaves one audit entry and one
@@ -397,6 +443,36 @@ impl Report {
                 met: rate >= 5000.0,
             });
         }
+        let largest_settled = self.method.settled_rows.iter().copied().max();
+        if let Some(label) = largest_settled.filter(|n| *n >= 1_000_000).map(rows_label) {
+            let [live, archived, list] = SETTLED_CELLS.map(|cell| p50(&format!("{cell} @{label}")));
+            if let (Some(archived), Some(live)) = (archived, live) {
+                out.push(ratio_target(
+                    &format!("GET of an archived reservation p50 ≤ 2 × a live one @{label}"),
+                    archived,
+                    live,
+                    2.0,
+                ));
+            }
+            if let (Some(big), Some(small)) = (list, p50("LIST sorted, archived @1k")) {
+                out.push(ratio_target(
+                    &format!("LIST sorted, archived p50 @{label} ≤ 1.2 × @1k"),
+                    big,
+                    small,
+                    1.2,
+                ));
+            }
+        }
+        if let (Some(per), Some(n)) = (
+            res.rss_per_settled_reservation(),
+            res.settled_reservations.filter(|n| *n >= 1_000_000),
+        ) {
+            out.push(TargetCheck {
+                target: "RSS per settled reservation ≤ 0.25 KiB".into(),
+                measured: format!("{per:.1} bytes ({n} settled)"),
+                met: per <= 256.0,
+            });
+        }
         if let (Some(big), Some(small)) = (p50("LIST sorted @1M"), p50("LIST sorted @1k")) {
             out.push(ratio_target(
                 "LIST sorted p50 @1M ≤ 1.2 × @1k",
@@ -492,6 +568,7 @@ pub(crate) mod tests {
                 fanout_clients: vec![200],
                 list_rows: vec![],
                 audit_entries: vec![],
+                settled_rows: vec![],
                 fixture_clients: 64,
                 client_threads: 1,
                 quick: false,

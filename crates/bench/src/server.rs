@@ -18,6 +18,7 @@ pub const BATCHES: &str = "cycles_store_batches_total";
 pub const COMMANDS: &str = "cycles_store_commands_total";
 pub const PEAK_RSS: &str = "process_peak_resident_memory_bytes";
 pub const AUDIT_ENTRIES: &str = "cycles_audit_entries";
+pub const ARCHIVED: &str = "cycles_reservations_archived";
 
 /// Counters whose growth over the whole run the report records (embedded engine).
 pub const RUN_COUNTERS: [&str; 7] = [

@@ -18,8 +18,8 @@ use crate::http::{Conn, Target};
 use crate::measure::{self, LoadOp, Timed};
 use crate::progress::{Phase, Progress};
 use crate::report::{
-    CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo, FSYNC_FLOOR,
-    HISTORY_CELLS, HTTP_FLOOR, REDIS_FLOOR, SCHEMA,
+    rows_label, CaseMeta, Class, Collector, Fixture, Method, Report, Resources, TargetInfo,
+    FSYNC_APPEND_FLOOR, FSYNC_FLOOR, HISTORY_CELLS, HTTP_FLOOR, REDIS_FLOOR, SCHEMA, SETTLED_CELLS,
 };
 use crate::server::{self, Counters, CpuClock, PerOp};
 use crate::stats::Sample;
@@ -66,6 +66,7 @@ pub struct Suite {
     lists: Vec<(u64, Tenant)>,
     notes: Vec<String>,
     audit: AuditMemory,
+    settled: SettledMemory,
     /// The webhooks phase's deliveries and their rate.
     deliveries: Option<(u64, f64)>,
 }
@@ -78,12 +79,12 @@ struct AuditMemory {
     entries_after: Option<u64>,
 }
 
-fn rows_label(rows: u64) -> String {
-    match rows {
-        r if r >= 1_000_000 && r % 1_000_000 == 0 => format!("{}M", r / 1_000_000),
-        r if r >= 1_000 && r % 1_000 == 0 => format!("{}k", r / 1_000),
-        r => r.to_string(),
-    }
+/// The server's memory around the settled fixtures.
+#[derive(Default)]
+struct SettledMemory {
+    rss_before: Option<u64>,
+    rss_after: Option<u64>,
+    settled: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -121,6 +122,7 @@ impl Suite {
             lists: Vec::new(),
             notes: Vec::new(),
             audit: AuditMemory::default(),
+            settled: SettledMemory::default(),
             deliveries: None,
         })
     }
@@ -147,6 +149,9 @@ impl Suite {
         }
         if self.runs("webhooks") {
             self.webhooks().await?;
+        }
+        if self.runs("settled") {
+            self.settled().await?;
         }
         for trial in 1..=trials {
             self.progress.note(&format!("trial {trial}/{trials}"));
@@ -218,6 +223,9 @@ impl Suite {
                 audit_entries_after: self.audit.entries_after,
                 webhook_deliveries_per_sec: self.deliveries.map(|(_, rate)| rate),
                 webhook_deliveries: self.deliveries.map(|(n, _)| n),
+                settled_rss_before_bytes: self.settled.rss_before,
+                settled_rss_after_bytes: self.settled.rss_after,
+                settled_reservations: self.settled.settled,
                 ..Resources::default()
             },
             targets: Vec::new(),
@@ -301,11 +309,18 @@ impl Suite {
             timed.0.first_error,
         );
         if let Some(dir) = self.cfg.data_dir.clone() {
-            let timings = tokio::task::spawn_blocking(move || floors::fdatasync(&dir, w, n))
-                .await
-                .context("fdatasync probe")??;
-            let sample = Sample::from_timings(&timings, 0);
-            self.floor_line(CaseMeta::new(FSYNC_FLOOR, Class::Floor, 0, 1), sample, None);
+            for (probe, name) in [
+                (floors::Probe::Overwrite, FSYNC_FLOOR),
+                (floors::Probe::Append, FSYNC_APPEND_FLOOR),
+            ] {
+                let dir = dir.clone();
+                let timings =
+                    tokio::task::spawn_blocking(move || floors::fdatasync(&dir, probe, w, n))
+                        .await
+                        .context("fdatasync probe")??;
+                let sample = Sample::from_timings(&timings, 0);
+                self.floor_line(CaseMeta::new(name, Class::Floor, 0, 1), sample, None);
+            }
         } else if trial == 1 {
             self.notes
                 .push("fdatasync floor: n/a (no --data-dir)".into());
@@ -565,6 +580,138 @@ impl Suite {
         self.case(meta, &mut async |_| rt.list(SORTED_QUERY, Some(20)).await)
             .await;
         Ok(())
+    }
+
+    // ---- settled reservations ----
+
+    /// The settled cells at each number of settled reservations in turn (they only grow),
+    /// and the server's settled RSS before the first fixture and after the last. Runs
+    /// before the trials, on a server that holds little else.
+    async fn settled(&mut self) -> anyhow::Result<()> {
+        self.calibrate().await;
+        let tenant = self.funded_tenant("settled", ALLOCATED).await?;
+        let mut rt = self.client(&tenant, None).await?;
+        // ACTIVE for the longest TTL: it outlives the largest fixture.
+        let live = rt.reserve_fixture().await?;
+        let base = self.wait_archived(0).await?;
+        server::settle(self.cfg.server_pid, Duration::from_secs(120)).await;
+        self.settled.rss_before = self.cfg.server_pid.and_then(server::rss);
+        let mut sizes = self.cfg.method.settled_rows.clone();
+        sizes.sort_unstable();
+        let (trials, mut grown, mut oldest) = (self.cfg.method.trials, 0, None);
+        for size in sizes {
+            let first = self.grow_settled(&tenant, size - grown.min(size)).await?;
+            oldest = oldest.or(first);
+            grown = grown.max(size);
+            self.wait_archived(base + grown).await?;
+            server::settle(self.cfg.server_pid, Duration::from_secs(120)).await;
+            let archived = oldest.clone().context("a settled reservation")?;
+            let label = rows_label(size);
+            for trial in 1..=trials {
+                self.progress
+                    .note(&format!("settled cells @{label}, trial {trial}/{trials}"));
+                let [live_cell, archived_cell, list_cell] = SETTLED_CELLS.map(|cell| {
+                    CaseMeta::new(format!("{cell} @{label}"), Class::Read, 1, 0).rows(size)
+                });
+                self.case(live_cell, &mut async |_| rt.get_reservation(&live).await)
+                    .await;
+                self.case(archived_cell, &mut async |_| {
+                    rt.get_reservation(&archived).await
+                })
+                .await;
+                self.case(list_cell, &mut async |_| {
+                    rt.list(SORTED_QUERY, Some(20)).await
+                })
+                .await;
+            }
+        }
+        self.settled.rss_after = self.cfg.server_pid.and_then(server::rss);
+        self.settled.settled = Some(grown);
+        Ok(())
+    }
+
+    /// Waits until the server has archived `total` reservations (none of this run's
+    /// settled ones left in memory); answers how many it has archived. Without the
+    /// engine's metric (another engine), waits nothing.
+    async fn wait_archived(&mut self, total: u64) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let text = self.admin.metrics().await.ok().flatten();
+            let Some(archived) = text
+                .as_deref()
+                .and_then(|t| server::metric(t, server::ARCHIVED))
+                .map(|v| v as u64)
+            else {
+                return Ok(0);
+            };
+            if archived >= total {
+                return Ok(archived);
+            }
+            if Instant::now() > deadline {
+                bail!("the server archived {archived} reservations, not {total}, in 10 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `count` reserve → commit lifecycles in `tenant` from the fixture clients, timed as a
+    /// fixture; answers the first reservation settled.
+    async fn grow_settled(
+        &mut self,
+        tenant: &Tenant,
+        count: u64,
+    ) -> anyhow::Result<Option<String>> {
+        let clients = self.cfg.method.fixture_clients.max(1);
+        let phase = self
+            .progress
+            .phase(&format!("fixture {count} settled reservations"), count);
+        let started = Instant::now();
+        let next = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let mut rt = self.client(tenant, None).await?;
+            let (next, errors, phase) = (next.clone(), errors.clone(), phase.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut first = None;
+                while next.fetch_add(1, Ordering::Relaxed) < count {
+                    loop {
+                        let settled = async {
+                            let id = rt.reserve().await?;
+                            rt.commit(&id).await?;
+                            anyhow::Ok(id)
+                        };
+                        match settled.await {
+                            Ok(id) => {
+                                first.get_or_insert(id);
+                                break;
+                            }
+                            Err(e) if errors.fetch_add(1, Ordering::Relaxed) >= 100 => {
+                                return Err(e.context("settling reservations for a fixture"))
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    phase.inc(1);
+                }
+                anyhow::Ok(first)
+            }));
+        }
+        let mut first = None;
+        for task in tasks {
+            first = first.or(task.await??);
+        }
+        let seconds = phase.finish().as_secs_f64();
+        let built = started.elapsed().as_secs_f64().max(seconds);
+        self.fixtures.push(Fixture {
+            kind: "settled".into(),
+            rows: count,
+            clients,
+            seconds: built,
+            rows_per_sec: count as f64 / built,
+            errors: errors.load(Ordering::Relaxed),
+        });
+        Ok(first)
     }
 
     // ---- the audit log ----

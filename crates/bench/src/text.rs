@@ -221,6 +221,18 @@ pub fn render(r: &Report) -> String {
                 .map_or("n/a".to_string(), |n| n.to_string())
         );
     }
+    if let Some(n) = res.settled_reservations {
+        let per = res
+            .rss_per_settled_reservation()
+            .map_or("n/a".to_string(), |b| format!("{b:.1} bytes"));
+        let _ = writeln!(
+            out,
+            "Server RSS before the settled fixtures {}, after them {} ({n} reservations \
+             settled and archived: {per} each)",
+            bytes(res.settled_rss_before_bytes),
+            bytes(res.settled_rss_after_bytes),
+        );
+    }
     let _ = writeln!(
         out,
         "Heap allocations per request: reserve {}, commit {}",

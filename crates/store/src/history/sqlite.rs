@@ -82,6 +82,9 @@ pub struct SqliteHistory {
     /// A second connection on a file (WAL: reads never wait for the writer); the writer's own
     /// in memory, where there is nothing to share between connections.
     reader: Arc<Mutex<Connection>>,
+    /// A third, for the point reads of archived reservations, which are made in place on a
+    /// request's thread: they never wait behind a page of a listing or of the audit log.
+    point_reader: Arc<Mutex<Connection>>,
     /// The held sequence number, as last written (read without touching the file).
     held: AtomicU64,
     /// Audit entries held: counted once at open, then kept by appends and retention.
@@ -126,7 +129,7 @@ impl SqliteHistory {
         writer
             .pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)
             .map_err(sql_error)?;
-        Self::with(writer, Some(open()?))
+        Self::with(writer, Some((open()?, open()?)))
     }
 
     /// A history that lives in memory, for an engine that keeps nothing on disk.
@@ -134,9 +137,10 @@ impl SqliteHistory {
         Self::with(Connection::open_in_memory().map_err(sql_error)?, None)
     }
 
-    /// With `reader` `None`, reads share the writer's connection.
-    fn with(writer: Connection, reader: Option<Connection>) -> io::Result<Self> {
-        for c in std::iter::once(&writer).chain(&reader) {
+    /// With `readers` `None`, reads share the writer's connection.
+    fn with(writer: Connection, readers: Option<(Connection, Connection)>) -> io::Result<Self> {
+        let connections = readers.iter().flat_map(|(a, b)| [a, b]);
+        for c in std::iter::once(&writer).chain(connections) {
             c.pragma_update(None, "cache_size", -CACHE_KIB)
                 .map_err(sql_error)?;
             c.busy_timeout(std::time::Duration::from_secs(10))
@@ -169,11 +173,13 @@ impl SqliteHistory {
         }
         let entries: u64 = statuses.values().sum();
         let writer = Arc::new(Mutex::new(writer));
+        let (reader, point_reader) = match readers {
+            Some((reader, point)) => (Arc::new(Mutex::new(reader)), Arc::new(Mutex::new(point))),
+            None => (writer.clone(), writer.clone()),
+        };
         Ok(SqliteHistory {
-            reader: match reader {
-                Some(reader) => Arc::new(Mutex::new(reader)),
-                None => writer.clone(),
-            },
+            reader,
+            point_reader,
             writer,
             held: AtomicU64::new(held as u64),
             entries: AtomicU64::new(entries),
@@ -311,7 +317,7 @@ impl History for SqliteHistory {
     }
 
     fn archived(&self, lookup: &ArchiveLookup) -> io::Result<Option<Archived>> {
-        reservations_sql::lookup(&lock(&self.reader), lookup).map_err(sql_error)
+        reservations_sql::lookup(&lock(&self.point_reader), lookup).map_err(sql_error)
     }
 
     fn archived_page(&self, tenant: &str, query: &ListReservations) -> io::Result<ReservationPage> {
