@@ -6,7 +6,9 @@
 #   - heap allocations per reserve / commit above the budget fail (allocation counts are
 #     deterministic, so these budgets are tight: measured + a small margin);
 #   - latency above catastrophe ceilings fails (generous: a shared CI machine is noisy;
-#     these catch a disaster, they are not targets — BENCHMARKS.md has the real numbers).
+#     these catch a disaster, they are not targets — BENCHMARKS.md has the real numbers);
+#   - RSS grown per settled reservation (VmRSS: it counts the allocator's slack that heap
+#     counters miss) above its budget fails: settled reservations must leave memory.
 # Each optimisation that lowers a measured figure tightens its budget here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,7 @@ MAX_ALLOCATIONS_PER_RESERVE="${CYCLES_BENCH_MAX_ALLOCATIONS_PER_RESERVE:-69}"
 MAX_ALLOCATIONS_PER_COMMIT="${CYCLES_BENCH_MAX_ALLOCATIONS_PER_COMMIT:-60}"
 MAX_P50_MS="${CYCLES_BENCH_MAX_P50_MS:-50}"
 MAX_P99_MS="${CYCLES_BENCH_MAX_P99_MS:-1000}"
+MAX_RSS_PER_SETTLED_BYTES="${CYCLES_BENCH_MAX_RSS_PER_SETTLED_BYTES:-256}"
 
 echo "== bench smoke: release build with --features alloc-count"
 bin="$(build_cycles --release --features alloc-count)"
@@ -37,4 +40,5 @@ echo "== bench smoke: budgets"
 "$bin" bench check "$out_dir/report.json" \
   --max-allocations-per-reserve "$MAX_ALLOCATIONS_PER_RESERVE" \
   --max-allocations-per-commit "$MAX_ALLOCATIONS_PER_COMMIT" \
-  --max-p50-ms "$MAX_P50_MS" --max-p99-ms "$MAX_P99_MS"
+  --max-p50-ms "$MAX_P50_MS" --max-p99-ms "$MAX_P99_MS" \
+  --max-rss-per-settled-bytes "$MAX_RSS_PER_SETTLED_BYTES"

@@ -247,8 +247,9 @@ pub struct Resources {
     pub webhook_deliveries_per_sec: Option<f64>,
     #[serde(default)]
     pub webhook_deliveries: Option<u64>,
-    /// The server's RSS (`VmRSS`, settled) before the settled fixtures and after the
-    /// largest, with the reservations settled (and archived) in between.
+    /// The server's RSS (`VmRSS`, settled) after the first settled fixture (before it, with
+    /// one) and after the largest, with the reservations settled (and archived) in
+    /// between.
     #[serde(default)]
     pub settled_rss_before_bytes: Option<u64>,
     #[serde(default)]

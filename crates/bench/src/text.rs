@@ -227,8 +227,8 @@ pub fn render(r: &Report) -> String {
             .map_or("n/a".to_string(), |b| format!("{b:.1} bytes"));
         let _ = writeln!(
             out,
-            "Server RSS before the settled fixtures {}, after them {} ({n} reservations \
-             settled and archived: {per} each)",
+            "Server RSS after the first settled fixture {}, after the last {} ({n} more \
+             reservations settled and archived: {per} each)",
             bytes(res.settled_rss_before_bytes),
             bytes(res.settled_rss_after_bytes),
         );

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use ledger::{
     apply, Action, Actor, Applied, Commit, CreateApiKey, CreateBudget, CreateTenant, Effect,
-    FundBudget, Funding, FundingOp, Idempotency, Maintain, NewApiKey, NewBudget, NewTenant,
-    Operation, Rejection, Release, Reserve, SnapshotData, State, Subject, Unit,
+    FundBudget, Funding, FundingOp, GetReservation, Idempotency, Maintain, NewApiKey, NewBudget,
+    NewTenant, Operation, Rejection, Release, Reserve, SnapshotData, State, Subject, Unit,
+    TERMINAL_RETENTION_MS,
 };
 use store::embedded::{recover, verify, Durability, EmbeddedConfig, EmbeddedStore, Recovered};
 use store::{Clock, Load, ManualClock, Store};
@@ -1094,4 +1095,76 @@ async fn alone_and_busy_requests_interleave_without_losing_an_acknowledgement() 
         assert!(tenants.contains(&name), "{name} was acknowledged");
     }
     assert!(recovered.state.verify().is_empty());
+}
+
+/// A settled reservation archived to the history store is read and replayed from it, after
+/// a restart too (the snapshot holds nothing of it but its reserve key's digest), and goes
+/// with its retention.
+#[tokio::test]
+async fn archived_reservations_outlive_a_restart_until_their_retention_ends() {
+    let dir = scratch_dir();
+    let clock = Arc::new(ManualClock::new(T0));
+    let get = || GetReservation {
+        actor: Actor::ApiKey(DIGEST),
+        reservation_id: "res-a".into(),
+    };
+    async fn archived(store: &EmbeddedStore) -> u64 {
+        let count = store.read_history(|h| Ok(h.archived_count()));
+        count.await.expect("history")
+    }
+    // Snapshots after every record: the restart loads one written after the archive.
+    let store = open_store(dir.path(), clock.clone(), Some(1));
+    for command in provisioning() {
+        assert!(command.execute(&store, Load::Busy).await.is_ok());
+    }
+    assert!(reserve("res-a", 100)
+        .execute(&store, Load::Busy)
+        .await
+        .is_ok());
+    let committed = commit("res-a", "c", 40).execute(&store, Load::Busy).await;
+    assert!(committed.is_ok(), "{committed:?}");
+    let settled = store.execute(get(), Load::Busy).await.expect("get").result;
+    clock.advance(STEP_MS);
+    let archive = Command::Maintain(Maintain {
+        limit: 16,
+        archive_after_ms: 0,
+    });
+    assert!(archive.execute(&store, Load::Busy).await.is_ok());
+    assert_eq!(
+        store.execute(get(), Load::Busy).await.unwrap().result,
+        settled
+    );
+    assert_eq!(archived(&store).await, 1);
+    store.shutdown().await;
+    drop(store);
+
+    let store = open_store(dir.path(), clock.clone(), None);
+    assert_eq!(archived(&store).await, 1);
+    let state = recover(dir.path(), false).expect("recover").state;
+    assert_eq!(state.reservation_count(), 0);
+    assert_eq!(state.archived_key_count(), 1);
+    assert_eq!(
+        store.execute(get(), Load::Busy).await.unwrap().result,
+        settled
+    );
+    let replayed = commit("res-a", "c", 40).execute(&store, Load::Busy).await;
+    assert_eq!(
+        replayed,
+        committed.map(|c| c.replace("replayed: false", "replayed: true"))
+    );
+    // Another key: the reservation is final.
+    let late = commit("res-a", "late", 40)
+        .execute(&store, Load::Busy)
+        .await;
+    assert!(
+        matches!(late, Err(Rejection::ReservationFinalized { .. })),
+        "{late:?}"
+    );
+
+    // Thirty days after it settled, it is gone.
+    clock.advance(TERMINAL_RETENTION_MS);
+    store.expire_history().await;
+    assert_eq!(archived(&store).await, 0);
+    let gone = store.execute(get(), Load::Busy).await.unwrap().result;
+    assert!(matches!(gone, Err(Rejection::NotFound(_))), "{gone:?}");
 }
