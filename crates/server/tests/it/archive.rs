@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{metric, reserve_body, As, Engine, Resp, TestServer};
+use crate::common::{metric, reserve_body, As, Engine, Resp, TestServer, T0};
 use crate::listing::{ids, walk};
 use serde_json::{json, Value};
 
@@ -177,7 +177,22 @@ async fn listings(s: &TestServer, key: &str) -> Vec<Vec<String>> {
         "expires_at_ms",
     ] {
         for dir in ["asc", "desc"] {
-            for filter in ["", "&status=COMMITTED", "&status=ACTIVE", "&agent=a1"] {
+            // Rows 10 to 29 by creation; rows settled from T0 + 41 ms on (the first
+            // settlements; after the 40 reserves, one millisecond apart).
+            let (from, to) = (
+                ledger::format_rfc3339(T0 + 10),
+                ledger::format_rfc3339(T0 + 29),
+            );
+            let settled_from = ledger::format_rfc3339(T0 + 40);
+            let filters = [
+                String::new(),
+                "&status=COMMITTED".into(),
+                "&status=ACTIVE".into(),
+                "&agent=a1".into(),
+                format!("&from={from}&to={to}"),
+                format!("&finalized_from={settled_from}&workspace=w1"),
+            ];
+            for filter in filters {
                 let query = format!("limit=7&sort_by={sort}&sort_dir={dir}{filter}");
                 out.push(ids(&walk(s, key, &query).await));
             }
@@ -209,6 +224,10 @@ async fn listings_merge_memory_and_archive_in_every_order(engine: Engine) {
     }
     let in_memory = listings(&s, &key).await;
     assert_eq!(in_memory[0].len(), 40);
+    // Every filter selects some rows and leaves others (the first order, ascending).
+    for listing in &in_memory[1..6] {
+        assert!((1..40).contains(&listing.len()), "{listing:?}");
+    }
     archived(&s, 27).await;
     assert_eq!(metric(&s, "cycles_reservations").await, 13);
     let merged = listings(&s, &key).await;
