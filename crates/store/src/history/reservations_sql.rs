@@ -2,6 +2,13 @@
 //! one row per settled reservation, its listing fields as columns with an index per listing
 //! order, the reservation and its idempotency records as two postcard blobs (a listing
 //! decodes only the first).
+//!
+//! Every index is paid for on the hot path (a row per lifecycle, by the history writer), so
+//! only the reads need one. Rows are inserted in the order reservations are archived, which
+//! is the order they settled (the sweep archives oldest first, and the ledger's clock never
+//! steps back): retention walks the rowid order from its start, no index by settlement
+//! time. Trimming rows ahead of the journal (a history restored from a later copy) is rare
+//! enough to scan.
 
 use ledger::{
     position, ArchiveLookup, Archived, IdemKey, IdemRecord, ListReservations, Millis, Reservation,
@@ -34,8 +41,6 @@ CREATE INDEX IF NOT EXISTS reservations_expires ON reservations (tenant_id, expi
 CREATE INDEX IF NOT EXISTS reservations_status_created
     ON reservations (tenant_id, status, created_at, id);
 CREATE INDEX IF NOT EXISTS reservations_key ON reservations (tenant_id, idempotency_key);
-CREATE INDEX IF NOT EXISTS reservations_settled ON reservations (settled_at);
-CREATE INDEX IF NOT EXISTS reservations_record ON reservations (record_seq);
 ";
 
 /// Rows read per query while a page is filled (a page's filters may skip many).
@@ -231,10 +236,13 @@ pub fn page(
     }
 }
 
-/// Deletes archived reservations settled before `cutoff`, oldest first, in chunks.
+/// Deletes archived reservations settled before `cutoff`, in chunks, from the oldest row
+/// (rowid order: the order they settled) to the first one settled since.
 pub const EXPIRE_SQL: &str = "DELETE FROM reservations WHERE rowid IN (SELECT rowid FROM \
-     reservations WHERE settled_at < ?1 ORDER BY settled_at LIMIT ?2)";
+     reservations WHERE rowid < coalesce((SELECT rowid FROM reservations WHERE settled_at >= ?1 \
+     ORDER BY rowid LIMIT 1), 9223372036854775807) ORDER BY rowid LIMIT ?2)";
 
-/// Deletes the reservations archived by journal records after `?1`.
+/// Deletes the reservations archived by journal records after `?1`: the newest rows, so
+/// walked from the end.
 pub const TRIM_SQL: &str = "DELETE FROM reservations WHERE rowid IN (SELECT rowid FROM \
-     reservations WHERE record_seq > ?1 LIMIT ?2)";
+     reservations WHERE record_seq > ?1 ORDER BY rowid DESC LIMIT ?2)";
