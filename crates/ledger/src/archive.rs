@@ -20,7 +20,7 @@ use hashbrown::HashTable;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::{Endpoint, IdemKey, IdemRecord, Millis, Reservation};
+use crate::{IdemKey, IdemRecord, Millis, Reservation};
 
 /// A settled reservation as it leaves the state: the reservation and the idempotency
 /// records still held for it (its reserve's, if that record names it, and its commit's,
@@ -35,14 +35,6 @@ impl Archived {
     /// The record under `key`, if it was archived with the reservation.
     pub fn record(&self, key: &IdemKey) -> Option<&IdemRecord> {
         self.records.iter().find(|(k, _)| k == key).map(|(_, r)| r)
-    }
-
-    /// The reserve's record, if it was archived with the reservation.
-    pub fn reserve_record(&self) -> Option<&IdemRecord> {
-        self.records
-            .iter()
-            .find(|(k, _)| k.endpoint == Endpoint::Reserve)
-            .map(|(_, r)| r)
     }
 }
 
