@@ -14,9 +14,9 @@ use crate::intern::{share_loaded, Placement, Recent};
 use crate::inventory::Inventory;
 use crate::listing::ListIndex;
 use crate::{
-    Action, ApiKey, ApiKeyStatus, Archived, AuditEntry, Budget, BudgetKey, Delivery, Endpoint,
-    Event, EventType, IdemKey, IdemRecord, Level, Millis, Policy, RateCount, RateKey, Reservation,
-    ReservationStatus, StoredOutcome, Tenant, WebhookSecurity, WebhookSubscription,
+    Action, ApiKey, ApiKeyStatus, ArchiveLookup, Archived, AuditEntry, Budget, BudgetKey, Delivery,
+    Endpoint, Event, EventType, IdemKey, IdemRecord, Level, Millis, Policy, RateCount, RateKey,
+    Reservation, ReservationStatus, StoredOutcome, Tenant, WebhookSecurity, WebhookSubscription,
     DEFAULT_UTILIZATION_LEVELS,
 };
 
@@ -475,6 +475,41 @@ impl State {
     /// archived yet.
     pub fn reservation_count(&self) -> usize {
         self.reservations.len()
+    }
+
+    /// The tenant of the API key whose secret has this digest, whatever its status.
+    pub(crate) fn tenant_of_key(&self, digest: &[u8; 32]) -> Option<&str> {
+        let key_id = self.key_by_digest.get(digest)?;
+        Some(&self.api_keys.get(key_id)?.tenant_id)
+    }
+
+    /// What a reserve of `tenant` with idempotency `key` must look up in the store's
+    /// history: the archived reservation it created, when the key has no record in the
+    /// state but the digests of archived keys say an archived reserve may have used it in
+    /// a window not over by `now`. A fresh key (nearly every reserve) needs no read of the
+    /// disk.
+    pub(crate) fn archived_reserve(
+        &self,
+        tenant: &str,
+        key: &str,
+        now: Millis,
+    ) -> Option<ArchiveLookup> {
+        let keys = &self.archived_keys;
+        if keys.is_empty() || !keys.may_hold(now, reserve_key_digest(tenant, key)) {
+            return None;
+        }
+        let record = IdemKey {
+            tenant_id: Arc::from(tenant),
+            endpoint: Endpoint::Reserve,
+            key: Arc::from(key),
+        };
+        self.idempotency
+            .get(&record)
+            .is_none()
+            .then_some(ArchiveLookup::CreatedBy {
+                tenant: record.tenant_id,
+                key: record.key,
+            })
     }
 
     /// Digests of archived reserves' keys held while their windows last.

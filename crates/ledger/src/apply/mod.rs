@@ -83,9 +83,7 @@ pub trait Operation: sealed::Sealed + Send + 'static {
     /// `state` at `now`: the archived reservation it names, if it names one that is not in
     /// the state (see [`crate::archive`]). The store reads it outside the ledger lock and
     /// passes it to [`apply_in`]; most operations never need one.
-    fn archive_lookup(&self, _state: &State, _now: Millis) -> Option<ArchiveLookup> {
-        None
-    }
+    fn archive_lookup(&self, state: &State, now: Millis) -> Option<ArchiveLookup>;
 }
 
 mod sealed {
@@ -93,19 +91,11 @@ mod sealed {
 }
 
 /// Implements [`Operation`] for `$op` by a method of [`Tx`].
-/// With `archive: $lookup`, the operation's [`Operation::archive_lookup`] is `$lookup`.
+/// With `archive: $lookup`, the operation's [`Operation::archive_lookup`] is `$lookup`;
+/// without, it never needs one.
 macro_rules! operation {
     ($op:ty => $output:ty, $method:ident) => {
-        impl $crate::apply::sealed::Sealed for $op {}
-        impl $crate::apply::Operation for $op {
-            type Output = $output;
-            fn run(
-                self,
-                tx: &mut $crate::apply::Tx<'_>,
-            ) -> Result<Self::Output, $crate::Rejection> {
-                tx.$method(self)
-            }
-        }
+        $crate::apply::operation!($op => $output, $method, archive: |_: &$op, _, _| None);
     };
     ($op:ty => $output:ty, $method:ident, archive: $lookup:expr) => {
         impl $crate::apply::sealed::Sealed for $op {}

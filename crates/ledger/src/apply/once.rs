@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use crate::{
-    reserve_key_digest, ArchiveLookup, BulkResult, CommitResult, DecideResult, Endpoint,
-    EventResult, ExtendResult, FundResult, IdemKey, IdemRecord, Millis, Rejection, ReleaseResult,
-    ReserveResult, StoredOutcome,
+    BulkResult, CommitResult, DecideResult, Endpoint, EventResult, ExtendResult, FundResult,
+    IdemKey, IdemRecord, Millis, Rejection, ReleaseResult, ReserveResult, StoredOutcome,
 };
 
 use super::Tx;
@@ -132,16 +131,13 @@ impl Tx<'_> {
     /// may have used it: a fresh key (nearly every reserve) costs no read of the disk.
     fn archived_record(&mut self, key: &IdemKey) -> Result<Option<&IdemRecord>, Rejection> {
         if key.endpoint == Endpoint::Reserve && self.found().is_none() {
-            let keys = &self.state.archived_keys;
-            let may_hold = !keys.is_empty()
-                && keys.may_hold(self.now, reserve_key_digest(&key.tenant_id, &key.key));
-            if !may_hold {
+            let Some(lookup) = self
+                .state
+                .archived_reserve(&key.tenant_id, &key.key, self.now)
+            else {
                 return Ok(None);
-            }
-            self.archived(ArchiveLookup::CreatedBy {
-                tenant: key.tenant_id.clone(),
-                key: key.key.clone(),
-            })?;
+            };
+            self.archived(lookup)?;
         }
         Ok(self.found().and_then(|a| a.record(key)))
     }

@@ -5,9 +5,8 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::{
-    has_segment, position, reserve_key_digest, ArchiveLookup, Budget, BudgetKey, Endpoint, IdemKey,
-    Millis, Permission, Position, Rejection, Reservation, ReservationStatus, SortBy, State,
-    StoredOutcome, Unit,
+    has_segment, position, ArchiveLookup, Budget, BudgetKey, Endpoint, IdemKey, Millis, Permission,
+    Position, Rejection, Reservation, ReservationStatus, SortBy, State, StoredOutcome, Unit,
 };
 
 use super::auth::scope_filter_allows;
@@ -146,35 +145,15 @@ operation!(
 );
 operation!(ListReservations => ReservationPage, list_reservations, archive: created_archived);
 
-/// A listing by create key: the archived reservation the key created, when its record is
-/// not in the state but the digests of archived keys say it may have been archived.
+/// A listing by create key: the archived reservation the key created, if it may have been
+/// archived (see [`State::archived_reserve`]).
 fn created_archived(q: &ListReservations, state: &State, now: Millis) -> Option<ArchiveLookup> {
     let key = q.idempotency_key.as_deref()?;
-    if state.archived_keys.is_empty() {
-        return None;
-    }
-    let tenant: Arc<str> = match &q.actor {
-        Actor::Admin => q.tenant.as_deref()?.into(),
-        Actor::ApiKey(digest) => {
-            let key_id = state.key_id_by_digest(digest)?;
-            state.api_keys.get(key_id)?.tenant_id.clone()
-        }
+    let tenant = match &q.actor {
+        Actor::Admin => state.tenants.get(q.tenant.as_deref()?)?.tenant_id.as_str(),
+        Actor::ApiKey(digest) => state.tenant_of_key(digest)?,
     };
-    let record = IdemKey {
-        tenant_id: tenant,
-        endpoint: Endpoint::Reserve,
-        key: Arc::from(key),
-    };
-    if state.idempotency.get(&record).is_some() {
-        return None;
-    }
-    state
-        .archived_keys
-        .may_hold(now, reserve_key_digest(&record.tenant_id, &record.key))
-        .then_some(ArchiveLookup::CreatedBy {
-            tenant: record.tenant_id,
-            key: record.key,
-        })
+    state.archived_reserve(tenant, key, now)
 }
 operation!(GetBalances => Page<Budget>, balances);
 

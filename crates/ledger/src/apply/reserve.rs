@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use crate::intern::Placement;
 use crate::{
-    reserve_key_digest, Action, ArchiveLookup, Balance, Budget, Decision, Effect, Endpoint,
-    IdemKey, Millis, OveragePolicy, Permission, RateKind, Rejection, Reservation,
-    ReservationStatus, ReserveResult, State, Subject, Unit,
+    Action, ArchiveLookup, Balance, Budget, Decision, Effect, Endpoint, IdemKey, Millis,
+    OveragePolicy, Permission, RateKind, Rejection, Reservation, ReservationStatus, ReserveResult,
+    State, Subject, Unit,
 };
 
 use super::admission::{decision_with, Blocked};
@@ -40,33 +40,14 @@ pub struct Reserved {
 
 operation!(Reserve => Reserved, reserve, archive: retried_archived);
 
-/// A reserve's lookup: the archived reservation its key created, when the key is not in
-/// the state but the digests of archived keys say an archived reserve may have used it (a
-/// fresh key, nearly every reserve, needs no read of the disk).
+/// A reserve's lookup: the archived reservation its key created, if it may have been
+/// archived (see [`State::archived_reserve`]).
 fn retried_archived(cmd: &Reserve, state: &State, now: Millis) -> Option<ArchiveLookup> {
-    if state.archived_keys.is_empty() {
-        return None;
-    }
     let Actor::ApiKey(digest) = &cmd.actor else {
         return None;
     };
-    let key_id = state.key_id_by_digest(digest)?;
-    let tenant = state.api_keys.get(key_id)?.tenant_id.clone();
-    let key = IdemKey {
-        tenant_id: tenant,
-        endpoint: Endpoint::Reserve,
-        key: cmd.idem.key.clone(),
-    };
-    if state.idempotency.get(&key).is_some() {
-        return None;
-    }
-    state
-        .archived_keys
-        .may_hold(now, reserve_key_digest(&key.tenant_id, &key.key))
-        .then_some(ArchiveLookup::CreatedBy {
-            tenant: key.tenant_id,
-            key: key.key,
-        })
+    let tenant = state.tenant_of_key(digest)?;
+    state.archived_reserve(tenant, &cmd.idem.key, now)
 }
 
 impl Tx<'_> {

@@ -18,9 +18,14 @@ const UNIT: &str = "USD_MICROCENTS";
 /// archived `total` reservations since the start.
 async fn archived(s: &TestServer, total: u64) {
     s.advance(2_001);
+    swept(s, "cycles_sweep_archived_total", total).await;
+}
+
+/// Waits until the sweep's counter `name` reaches `total`.
+async fn swept(s: &TestServer, name: &str, total: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(s, "cycles_sweep_archived_total").await < total {
-        assert!(Instant::now() < deadline, "the sweep archived too few");
+    while metric(s, name).await < total {
+        assert!(Instant::now() < deadline, "{name} stayed under {total}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -126,25 +131,18 @@ async fn archived_reservations_answer_as_before(engine: Engine) {
     for i in 0..4 {
         ids.push(id(&reserve(&s, &key, &format!("k-{i}"), 100).await));
     }
-    settle(&s, &key, &ids[0], "commit", "c-0")
-        .await
-        .expect(200, None);
-    settle(&s, &key, &ids[1], "release", "r-1")
-        .await
-        .expect(200, None);
-    settle(&s, &key, &ids[2], "extend", "e-2")
-        .await
-        .expect(200, None);
-    settle(&s, &key, &ids[2], "commit", "c-2")
-        .await
-        .expect(200, None);
+    let settlements = [
+        (0, "commit", "c-0"),
+        (1, "release", "r-1"),
+        (2, "extend", "e-2"),
+        (2, "commit", "c-2"),
+    ];
+    for (i, op, idem) in settlements {
+        settle(&s, &key, &ids[i], op, idem).await.expect(200, None);
+    }
     // The fourth lapses (60 s and 5 s of grace) and the sweep expires it.
     s.advance(66_000);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&s, "cycles_sweep_expired_total").await < 1 {
-        assert!(Instant::now() < deadline, "the sweep expired nothing");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    swept(&s, "cycles_sweep_expired_total", 1).await;
     let before = answers(&s, &key, &other, &ids).await;
     assert!(
         before.iter().any(|(status, _)| *status == 409) && before.iter().any(|(s, _)| *s == 410),
