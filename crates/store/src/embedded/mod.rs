@@ -99,8 +99,8 @@ pub struct OpenReport {
     pub truncated_bytes: u64,
     pub last_seq: u64,
     pub reservations: usize,
-    /// History (audit entries, events, deliveries) taken from the journal into the history
-    /// store at start (what a crash left on its way).
+    /// History (audit entries, events, deliveries, archived reservations) a crash left on
+    /// its way, taken from the journal and handed to the history writer at start.
     pub history_reprojected: usize,
     /// History rows deleted at start because the history store was ahead of the journal.
     pub history_trimmed: u64,
@@ -273,7 +273,7 @@ impl EmbeddedStore {
 }
 
 /// Recovers the data directory: the state from its snapshot and journal, and the history
-/// store brought up to the journal's end (the entries a crash left on their way).
+/// store's writer handed what the journal holds beyond it (what a crash left on its way).
 fn open_durable(
     config: &EmbeddedConfig,
 ) -> io::Result<(State, JournalWriter, File, OpenReport, Projector)> {
@@ -299,8 +299,13 @@ fn open_durable(
     let recovered = recover_with_history(dir, true, held, |seq, entry| {
         backlog.push((seq, entry));
     })?;
+    let history_reprojected = backlog.len();
     if !backlog.is_empty() {
-        projector.history().append(recovered.last_seq, &backlog)?;
+        // Written by the history writer while the store serves, not before: a crash under
+        // load can leave a journal's worth of rows on their way, and a read that needs them
+        // waits for them as it waits for any acknowledged change's (the journal keeps their
+        // records until they are written).
+        projector.project(recovered.last_seq, backlog);
     }
     // Ahead of the journal: entries without their changes, which a restart must not keep.
     let history_trimmed = if held > recovered.last_seq {
@@ -333,7 +338,7 @@ fn open_durable(
         truncated_bytes: recovered.truncated_bytes,
         last_seq: recovered.last_seq,
         reservations: recovered.state.reservation_count(),
-        history_reprojected: backlog.len(),
+        history_reprojected,
         history_trimmed,
     };
     Ok((recovered.state, journal, lock, report, projector))
