@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
         framed(rest)
     };
     let mut records = 0usize;
-    let read = read_records(&mut &bytes[..], bytes.len() as u64, |_record| {
+    let read = read_records(&mut &bytes[..], bytes.len() as u64, 0, |_record| {
         records += 1;
         true
     });

@@ -229,18 +229,20 @@ pub struct SegmentEnd {
     pub clean: bool,
 }
 
-/// Reads a segment's records in order, calling `each` until it returns `false` (which also
-/// marks the end of valid content) or the first torn or corrupt frame. A segment of another
-/// format version, or a whole (checksummed) record this build cannot decode, is an error:
-/// written by a newer version, it must not be mistaken for a torn tail and cut off.
+/// Reads a segment's records from sequence number `from` in order, calling `each` until it
+/// returns `false` (which also marks the end of valid content) or the first torn or corrupt
+/// frame. A segment of another format version, or a whole (checksummed) record this build
+/// cannot decode, is an error: written by a newer version, it must not be mistaken for a
+/// torn tail and cut off.
 pub fn read_segment(
     path: &Path,
+    from: u64,
     each: impl FnMut(JournalRecord) -> bool,
 ) -> io::Result<SegmentEnd> {
     let file = File::open(path)?;
     let file_len = file.metadata()?.len();
     let mut reader = BufReader::with_capacity(1 << 20, file);
-    match read_records(&mut reader, file_len, each).map_err(|what| unreadable(path, &what))? {
+    match read_records(&mut reader, file_len, from, each).map_err(|what| unreadable(path, &what))? {
         None => Ok(no_records(file_len)),
         Some(valid_len) => Ok(SegmentEnd {
             valid_len,
@@ -253,10 +255,14 @@ pub fn read_segment(
 /// The records of a segment of `len` bytes read from `reader` (see [`read_segment`]):
 /// `Ok(None)` when it has no whole header, so no records; `Ok(Some(valid_len))`, the bytes of
 /// its header and whole, checked frames; `Err(what)` when it holds something this build
-/// cannot read. Never panics, whatever the bytes (the `journal_records` fuzz target).
+/// cannot read. A record before `from` is checked but not decoded past its sequence number
+/// (the record's first field): a restart reads the journal the snapshot already covers only
+/// for what the history store lacks. Never panics, whatever the bytes (the
+/// `journal_records` fuzz target).
 pub fn read_records(
     reader: &mut impl Read,
     len: u64,
+    from: u64,
     mut each: impl FnMut(JournalRecord) -> bool,
 ) -> Result<Option<u64>, String> {
     let mut header = [0u8; HEADER_LEN as usize];
@@ -291,6 +297,11 @@ pub fn read_records(
         if frame_len == 0 {
             // Zeros: preallocated space after the last record.
             break;
+        }
+        let skipped = postcard::take_from_bytes::<u64>(&payload).is_ok_and(|(seq, _)| seq < from);
+        if skipped {
+            valid_len += (FRAME_HEADER_LEN + frame_len) as u64;
+            continue;
         }
         let Ok(record) = postcard::from_bytes::<JournalRecord>(&payload) else {
             // The checksum holds, so the frame was written whole: a record of a newer

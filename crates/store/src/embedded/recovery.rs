@@ -77,10 +77,18 @@ fn recover_bounded(
     let mut records_replayed = 0;
     let mut truncated_bytes = 0;
     let mut tail_segment = None;
+    // Records up to the snapshot that the history store holds too are not needed again.
+    let from = last_seq.min(history_held).saturating_add(1);
     let segments = list_segments(dir)?;
     for (i, (_, path)) in segments.iter().enumerate() {
+        let next_first = segments.get(i + 1).map(|(first, _)| *first);
+        if next_first.is_some_and(|next| next <= from) {
+            // Every record of this segment comes before `from` (a segment kept only until
+            // the history store has the next one's records written): not read at all.
+            continue;
+        }
         let mut gap = None;
-        let end = read_segment(path, |record| {
+        let end = read_segment(path, from, |record| {
             if record.seq > last {
                 return false;
             }
