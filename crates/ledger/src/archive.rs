@@ -75,7 +75,108 @@ pub fn reserve_key_digest(tenant: &str, key: &str) -> u64 {
 /// taking one under the ledger lock copies pointers, not millions of digests.
 #[derive(Debug, Clone, Default)]
 pub struct ArchivedKeys {
-    by_day: BTreeMap<Millis, Arc<HashTable<u64>>>,
+    by_day: BTreeMap<Millis, Arc<DaySet>>,
+}
+
+/// One day's digests: those a snapshot brought, sorted ([`SortedDigests`]: loaded as they
+/// are read, with no table to build), and those archived since, in a hash table.
+#[derive(Debug, Clone, Default)]
+struct DaySet {
+    loaded: Arc<SortedDigests>,
+    added: HashTable<u64>,
+}
+
+impl DaySet {
+    fn contains(&self, digest: u64) -> bool {
+        self.added.find(digest, |d| *d == digest).is_some() || self.loaded.contains(digest)
+    }
+
+    fn len(&self) -> usize {
+        self.loaded.digests.len() + self.added.len()
+    }
+
+    /// Every digest, sorted.
+    fn sorted(&self) -> Vec<u64> {
+        let mut added: Vec<u64> = self.added.iter().copied().collect();
+        added.sort_unstable();
+        let loaded = &self.loaded.digests;
+        let mut all = Vec::with_capacity(loaded.len() + added.len());
+        let (mut i, mut j) = (0, 0);
+        while i < loaded.len() && j < added.len() {
+            if loaded[i] <= added[j] {
+                all.push(loaded[i]);
+                i += 1;
+            } else {
+                all.push(added[j]);
+                j += 1;
+            }
+        }
+        all.extend_from_slice(&loaded[i..]);
+        all.extend_from_slice(&added[j..]);
+        all
+    }
+}
+
+/// Sorted digests with a directory of where each run of equal leading bits starts: the
+/// digests are uniformly spread (they are SHA-256 prefixes), so a run holds about
+/// [`DIGESTS_PER_RUN`] of them, and a lookup is a read of the directory and a search of one
+/// short run (two cache misses), where a binary search of millions costs twenty. Building
+/// it is one pass: a restart with millions of digests reads them and is done.
+#[derive(Debug, Clone, Default)]
+struct SortedDigests {
+    digests: Vec<u64>,
+    /// Digests are grouped by their leading `64 - shift` bits.
+    shift: u32,
+    /// Where each group starts in `digests`, with the end after the last.
+    starts: Vec<u32>,
+}
+
+/// About how many digests share a directory entry.
+const DIGESTS_PER_RUN: usize = 16;
+
+impl SortedDigests {
+    fn new(mut digests: Vec<u64>) -> Self {
+        if !digests.is_sorted() {
+            digests.sort_unstable();
+        }
+        digests.dedup();
+        let bits = (digests.len() / DIGESTS_PER_RUN)
+            .checked_ilog2()
+            .unwrap_or(0)
+            .min(31);
+        let shift = 64 - bits;
+        let groups = 1usize << bits;
+        let mut starts = Vec::with_capacity(groups + 1);
+        let mut at = 0;
+        for group in 0..groups as u64 {
+            while at < digests.len() && Self::group(digests[at], shift) < group {
+                at += 1;
+            }
+            starts.push(at as u32);
+        }
+        starts.push(digests.len() as u32);
+        SortedDigests {
+            digests,
+            shift,
+            starts,
+        }
+    }
+
+    fn group(digest: u64, shift: u32) -> u64 {
+        digest.checked_shr(shift).unwrap_or(0)
+    }
+
+    fn contains(&self, digest: u64) -> bool {
+        let Some(group) = usize::try_from(Self::group(digest, self.shift)).ok() else {
+            return false;
+        };
+        match (self.starts.get(group), self.starts.get(group + 1)) {
+            (Some(&from), Some(&to)) => self.digests[from as usize..to as usize]
+                .binary_search(&digest)
+                .is_ok(),
+            _ => false,
+        }
+    }
 }
 
 impl PartialEq for ArchivedKeys {
@@ -91,8 +192,10 @@ impl ArchivedKeys {
     pub(crate) fn insert(&mut self, expires_at_ms: Millis, digest: u64) {
         let day = expires_at_ms.div_euclid(DAY_MS);
         let set = self.by_day.entry(day).or_default();
-        if set.find(digest, |d| *d == digest).is_none() {
-            Arc::make_mut(set).insert_unique(digest, digest, |d| *d);
+        if !set.contains(digest) {
+            Arc::make_mut(set)
+                .added
+                .insert_unique(digest, digest, |d| *d);
         }
     }
 
@@ -101,7 +204,7 @@ impl ArchivedKeys {
     pub(crate) fn may_hold(&self, now: Millis, digest: u64) -> bool {
         self.by_day
             .range(now.div_euclid(DAY_MS)..)
-            .any(|(_, set)| set.find(digest, |d| *d == digest).is_some())
+            .any(|(_, set)| set.contains(digest))
     }
 
     /// The first day whose set is over at `now` and can go, if any.
@@ -126,11 +229,7 @@ impl ArchivedKeys {
     pub(crate) fn days(&self) -> Vec<(Millis, Vec<u64>)> {
         self.by_day
             .iter()
-            .map(|(day, set)| {
-                let mut digests: Vec<u64> = set.iter().copied().collect();
-                digests.sort_unstable();
-                (*day, digests)
-            })
+            .map(|(day, set)| (*day, set.sorted()))
             .collect()
     }
 
@@ -138,10 +237,10 @@ impl ArchivedKeys {
         let by_day = days
             .into_iter()
             .map(|(day, digests)| {
-                let mut set = HashTable::with_capacity(digests.len());
-                for d in digests {
-                    set.insert_unique(d, d, |d| *d);
-                }
+                let set = DaySet {
+                    loaded: Arc::new(SortedDigests::new(digests)),
+                    added: HashTable::new(),
+                };
                 (day, Arc::new(set))
             })
             .collect();
@@ -177,6 +276,67 @@ mod tests {
         // Persisted in snapshots: a change would make retries of archived reserves fresh.
         // (The first 8 bytes of `printf 'acme\0k' | sha256sum`.)
         assert_eq!(reserve_key_digest("acme", "k"), 0x8b7a_e2f4_82bc_2a7c);
+    }
+
+    /// Digests spread as SHA-256 prefixes are, from a fixed seed.
+    fn spread(n: u64, seed: u64) -> Vec<u64> {
+        (0..n)
+            .map(|i| reserve_key_digest("t", &format!("{seed}-{i}")))
+            .collect()
+    }
+
+    #[test]
+    fn sorted_digests_find_exactly_theirs_at_every_size() {
+        for n in [0, 1, 2, 15, 16, 17, 100, 4_096, 100_000] {
+            let held = spread(n, 1);
+            let others = spread(1_000, 2);
+            let sorted = SortedDigests::new(held.clone());
+            assert_eq!(sorted.digests.len(), held.len(), "{n}");
+            assert!(
+                held.iter().all(|d| sorted.contains(*d)),
+                "{n}: one held is missed"
+            );
+            assert!(
+                others.iter().all(|d| !sorted.contains(*d)),
+                "{n}: one other is found"
+            );
+            // The extremes of the space, whatever group they fall in.
+            for edge in [0, 1, u64::MAX - 1, u64::MAX] {
+                assert!(!sorted.contains(edge), "{n}: {edge}");
+            }
+            let mut with_edges = held.clone();
+            with_edges.extend([0, u64::MAX]);
+            let sorted = SortedDigests::new(with_edges);
+            assert!(sorted.contains(0) && sorted.contains(u64::MAX), "{n}");
+        }
+        // Out of order and repeated (a snapshot is written sorted; this is not relied on).
+        let sorted = SortedDigests::new(vec![9, 3, 9, 1]);
+        assert_eq!(sorted.digests, [1, 3, 9]);
+        assert!(sorted.contains(3) && !sorted.contains(4));
+    }
+
+    #[test]
+    fn loaded_and_added_digests_answer_and_snapshot_as_one_set() {
+        let loaded = spread(1_000, 1);
+        let added = spread(500, 2);
+        let mut keys = ArchivedKeys::from_days(vec![(1, loaded.clone())]);
+        for d in added.iter().chain(&loaded[..10]) {
+            keys.insert(DAY_MS + 7, *d);
+        }
+        assert_eq!(
+            keys.len(),
+            1_500,
+            "a loaded digest added again is held once"
+        );
+        assert!(loaded
+            .iter()
+            .chain(&added)
+            .all(|d| keys.may_hold(DAY_MS, *d)));
+        assert!(spread(100, 3).iter().all(|d| !keys.may_hold(DAY_MS, *d)));
+        let mut all: Vec<u64> = loaded.iter().chain(&added).copied().collect();
+        all.sort_unstable();
+        assert_eq!(keys.days(), vec![(1, all.clone())]);
+        assert_eq!(ArchivedKeys::from_days(vec![(1, all)]), keys);
     }
 
     #[test]
