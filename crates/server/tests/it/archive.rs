@@ -15,10 +15,12 @@ engine_tests!(
 const UNIT: &str = "USD_MICROCENTS";
 
 /// Moves the clock past the archive delay (2 s in tests) and waits until the sweep has
-/// archived `total` reservations since the start.
+/// archived `total` reservations since the start, and the history store holds them.
 async fn archived(s: &TestServer, total: u64) {
     s.advance(2_001);
     swept(s, "cycles_sweep_archived_total", total).await;
+    // The history store's count follows its writer, which runs after the sweep's record is durable.
+    swept(s, "cycles_reservations_archived", total).await;
 }
 
 /// Waits until the sweep's counter `name` reaches `total`.
