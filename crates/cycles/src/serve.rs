@@ -242,6 +242,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Durability::None => given_webhook_keys(args.webhook_keys.as_deref())?.unwrap_or_default(),
         Durability::Strict => webhook_keys(&args.data_dir, args.webhook_keys.as_deref())?,
     };
+    let opening = std::time::Instant::now();
     let (store, report) = EmbeddedStore::open(config)
         .with_context(|| format!("opening data directory {}", args.data_dir.display()))?;
     tracing::info!(
@@ -251,6 +252,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         truncated_bytes = report.truncated_bytes,
         reservations = report.reservations,
         history_reprojected = report.history_reprojected,
+        elapsed_ms = opening.elapsed().as_millis() as u64,
         "store recovered"
     );
     let options = ServerOptions {

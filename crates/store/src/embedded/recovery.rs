@@ -72,7 +72,13 @@ fn recover_bounded(
     last: u64,
     mut on_history: impl FnMut(u64, Item),
 ) -> io::Result<Recovered> {
+    let loading = std::time::Instant::now();
     let (mut state, snapshot_seq) = latest_snapshot(dir, last)?;
+    tracing::debug!(
+        ?snapshot_seq,
+        elapsed_ms = loading.elapsed().as_millis() as u64,
+        "snapshot loaded"
+    );
     let mut last_seq = snapshot_seq.unwrap_or(0);
     let mut records_replayed = 0;
     let mut truncated_bytes = 0;
