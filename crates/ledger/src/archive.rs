@@ -140,6 +140,7 @@ impl SortedDigests {
             digests.sort_unstable();
         }
         digests.dedup();
+        digests.shrink_to_fit();
         let bits = (digests.len() / DIGESTS_PER_RUN)
             .checked_ilog2()
             .unwrap_or(0)
@@ -248,6 +249,48 @@ impl ArchivedKeys {
     }
 }
 
+/// Digests a snapshot's size hint is trusted for at most: a longer list (or a damaged
+/// length) grows as it is read.
+const PREALLOCATED_DIGESTS: usize = 1 << 24;
+
+/// Reads a snapshot's digests by day into vectors sized as the snapshot says (serde's own
+/// `Vec` reading caps what it reserves and then doubles, which for ten million digests
+/// copied them over and over and left the process holding twice their size).
+pub(crate) fn deserialize_days<'de, D>(deserializer: D) -> Result<Vec<(Millis, Vec<u64>)>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Digests(Vec<u64>);
+
+    impl<'de> Deserialize<'de> for Digests {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_seq(DigestsVisitor)
+        }
+    }
+
+    struct DigestsVisitor;
+
+    impl<'de> serde::de::Visitor<'de> for DigestsVisitor {
+        type Value = Digests;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of digests")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Digests, A::Error> {
+            let hint = seq.size_hint().unwrap_or(0).min(PREALLOCATED_DIGESTS);
+            let mut digests = Vec::with_capacity(hint);
+            while let Some(digest) = seq.next_element()? {
+                digests.push(digest);
+            }
+            Ok(Digests(digests))
+        }
+    }
+
+    let days = Vec::<(Millis, Digests)>::deserialize(deserializer)?;
+    Ok(days.into_iter().map(|(day, d)| (day, d.0)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +380,20 @@ mod tests {
         all.sort_unstable();
         assert_eq!(keys.days(), vec![(1, all.clone())]);
         assert_eq!(ArchivedKeys::from_days(vec![(1, all)]), keys);
+    }
+
+    #[test]
+    fn a_snapshot_reads_its_digests_into_vectors_of_their_size() {
+        let data = crate::SnapshotData {
+            archived_keys: vec![(1, spread(200_000, 1)), (2, vec![]), (3, spread(5, 2))],
+            ..Default::default()
+        };
+        let bytes = postcard::to_stdvec(&data).expect("encode");
+        let read: crate::SnapshotData = postcard::from_bytes(&bytes).expect("decode");
+        assert_eq!(read, data);
+        for (day, digests) in &read.archived_keys {
+            assert_eq!(digests.capacity(), digests.len(), "day {day}");
+        }
     }
 
     #[test]

@@ -199,6 +199,7 @@ pub struct SnapshotData {
     // Since format 3 (see [`SnapshotV2`]).
     pub rate_counts: Vec<(RateKey, RateCount)>,
     // Since format 4 (see [`SnapshotV3`]): archived reserves' key digests by day.
+    #[serde(deserialize_with = "crate::archive::deserialize_days")]
     pub archived_keys: Vec<(Millis, Vec<u64>)>,
 }
 
