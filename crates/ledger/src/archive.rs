@@ -168,9 +168,8 @@ impl SortedDigests {
     }
 
     fn contains(&self, digest: u64) -> bool {
-        let Some(group) = usize::try_from(Self::group(digest, self.shift)).ok() else {
-            return false;
-        };
+        // At most 31 bits: a group always fits.
+        let group = Self::group(digest, self.shift) as usize;
         match (self.starts.get(group), self.starts.get(group + 1)) {
             (Some(&from), Some(&to)) => self.digests[from as usize..to as usize]
                 .binary_search(&digest)

@@ -89,8 +89,8 @@ fn recover_bounded(
     for (i, (_, path)) in segments.iter().enumerate() {
         let next_first = segments.get(i + 1).map(|(first, _)| *first);
         if next_first.is_some_and(|next| next <= from) {
-            // Every record of this segment comes before `from` (a segment kept only until
-            // the history store has the next one's records written): not read at all.
+            // Every record of this segment comes before `from` (a segment kept for the
+            // snapshot before the newest, or for the history store): not read at all.
             continue;
         }
         let mut gap = None;
