@@ -263,6 +263,12 @@ impl App {
             ))
             .retry_after(1)
             .into()),
+            Err(StoreError::OutcomeUnknown(why)) => Err(ApiError::unavailable(format!(
+                "Storage did not answer, so whether this was recorded is unknown; retry with the \
+                 same idempotency key, which answers it either way: {why}"
+            ))
+            .retry_after(1)
+            .into()),
             Err(StoreError::ShuttingDown) => {
                 Err(ApiError::unavailable("The server is shutting down").into())
             }

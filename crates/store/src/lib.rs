@@ -8,6 +8,7 @@
 mod clock;
 pub mod embedded;
 pub mod history;
+pub mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use ledger::{AuditEntry, Millis, Operation, Origin, Rejection, State};
 pub use history::History;
 
 use embedded::EmbeddedStore;
+use redis::RedisStore;
 
 /// The answer to one operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +72,11 @@ pub enum StoreError {
     /// takes writes again once its disk does.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// The store lost its answer from storage that may have recorded the operation (a
+    /// timeout, a dropped connection): whether it did is unknown. A retry with the same
+    /// idempotency key answers it either way, never twice.
+    #[error("storage did not answer: {0}")]
+    OutcomeUnknown(String),
     /// The store is shutting down.
     #[error("storage is shutting down")]
     ShuttingDown,
@@ -146,6 +153,13 @@ pub trait Store: Send + Sync + 'static {
 /// generic over the operation, so each call is typed end to end (and costs no boxed future).
 pub enum Engine {
     Embedded(EmbeddedStore),
+    Redis(RedisStore),
+}
+
+impl From<RedisStore> for Engine {
+    fn from(store: RedisStore) -> Self {
+        Engine::Redis(store)
+    }
 }
 
 impl From<EmbeddedStore> for Engine {
@@ -162,6 +176,7 @@ impl Store for Engine {
     ) -> Result<Reply<O::Output>, StoreError> {
         match self {
             Engine::Embedded(store) => store.execute(operation, load).await,
+            Engine::Redis(store) => store.execute(operation, load).await,
         }
     }
 
@@ -173,6 +188,7 @@ impl Store for Engine {
     ) -> Result<Reply<O::Output>, StoreError> {
         match self {
             Engine::Embedded(store) => store.execute_in(operation, load, context).await,
+            Engine::Redis(store) => store.execute_in(operation, load, context).await,
         }
     }
 
@@ -183,30 +199,35 @@ impl Store for Engine {
     {
         match self {
             Engine::Embedded(store) => store.read_history(read).await,
+            Engine::Redis(store) => store.read_history(read).await,
         }
     }
 
     async fn expire_history(&self) {
         match self {
             Engine::Embedded(store) => store.expire_history().await,
+            Engine::Redis(store) => store.expire_history().await,
         }
     }
 
     fn health(&self) -> Health {
         match self {
             Engine::Embedded(store) => store.health(),
+            Engine::Redis(store) => store.health(),
         }
     }
 
     fn metrics(&self) -> Vec<Metric> {
         match self {
             Engine::Embedded(store) => store.metrics(),
+            Engine::Redis(store) => store.metrics(),
         }
     }
 
     async fn shutdown(&self) {
         match self {
             Engine::Embedded(store) => store.shutdown().await,
+            Engine::Redis(store) => store.shutdown().await,
         }
     }
 }

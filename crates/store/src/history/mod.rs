@@ -28,7 +28,7 @@ use ledger::{
 };
 
 use crate::Clock;
-pub use sqlite::SqliteHistory;
+pub use sqlite::{SqliteHistory, FILE_NAME};
 
 /// What a journal record leaves in the history store.
 #[derive(Debug, Clone, PartialEq, Eq)]

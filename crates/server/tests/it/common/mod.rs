@@ -11,12 +11,15 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 use server::{BoundServer, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
+use store::redis::{RedisConfig, RedisDurability, RedisStore};
 use store::ManualClock;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub const ADMIN_KEY: &str = "test-admin-key";
+/// Points the Redis engine's tests at a Redis (`.ci/run` always sets it).
+pub const REDIS_URL_ENV: &str = "CYCLES_TEST_REDIS_URL";
 /// A fixed start time, so expiry arithmetic in tests is exact.
 pub const T0: i64 = 1_800_000_000_000;
 
@@ -28,6 +31,9 @@ pub const T0: i64 = 1_800_000_000_000;
 pub enum Engine {
     /// The embedded engine with strict durability in a temporary data directory.
     Embedded,
+    /// The Redis engine on the Redis at `CYCLES_TEST_REDIS_URL`, each test on a ledger of
+    /// its own (its namespace is the test's temporary directory's name).
+    Redis,
 }
 
 impl Engine {
@@ -38,6 +44,17 @@ impl Engine {
                 let config = EmbeddedConfig::new(dir, Durability::Strict, clock);
                 EmbeddedStore::open(config).expect("open store").0.into()
             }
+            Engine::Redis => {
+                let url = std::env::var(REDIS_URL_ENV).expect("checked by is_available");
+                let namespace = dir.file_name().expect("a temporary directory's name");
+                let mut config = RedisConfig::new(url, dir.join("history"), clock);
+                config.namespace = format!("cycles-test-{}", namespace.to_string_lossy());
+                // The test Redis need not persist anything: what is tested is the engine.
+                config.durability = RedisDurability::None;
+                // Generous: the machines that run the suite are shared and loaded.
+                config.timeout = Duration::from_secs(2);
+                RedisStore::open(config).expect("open redis store").0.into()
+            }
         }
     }
 
@@ -47,6 +64,7 @@ impl Engine {
     fn server_env(self) -> Option<&'static str> {
         match self {
             Engine::Embedded => None,
+            Engine::Redis => Some(REDIS_URL_ENV),
         }
     }
 
@@ -70,6 +88,7 @@ macro_rules! engine_tests {
         // The engines, as `module => Engine variant`, one line each (say, `redis => Redis,`).
         $crate::engine_tests!(@engines [$($name),*]
             embedded => Embedded,
+            redis => Redis,
         );
     };
     (@engines $names:tt $($module:ident => $engine:ident,)*) => {

@@ -1,0 +1,421 @@
+//! The ledger's log in Redis: its keys, the scripts that write them, and the reads that
+//! bring an instance up to date.
+//!
+//! Every key of a ledger shares one hash tag (`{namespace}`), so every script touches one
+//! slot and runs unchanged on Redis Cluster. The log is a stream with one entry per round
+//! of journal records, its id the round's last sequence number; `version` is the last
+//! sequence number in it. Only the holder of `lease` appends, and only where the log ends
+//! where its round starts.
+
+use std::time::Duration;
+
+use ::redis::{ConnectionLike, Script, Value};
+
+use crate::embedded::journal::{read_records, segment_header, JournalRecord};
+
+/// Stream entries read per `XRANGE` while catching up.
+const READ_PAGE: usize = 512;
+
+/// A connection to one Redis or to a Redis Cluster.
+pub enum Conn {
+    Single(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl Conn {
+    /// Connects to `url` (`redis://…`; for a Cluster, any of its nodes, comma-separated),
+    /// each command bounded by `timeout`.
+    pub fn open(url: &str, cluster: bool, timeout: Duration) -> redis::RedisResult<Conn> {
+        if cluster {
+            let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
+            let client = redis::cluster::ClusterClient::builder(nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(0)
+                .build()?;
+            return Ok(Conn::Cluster(Box::new(client.get_connection()?)));
+        }
+        let client = redis::Client::open(url)?;
+        let conn = client.get_connection_with_timeout(timeout)?;
+        conn.set_read_timeout(Some(timeout))?;
+        conn.set_write_timeout(Some(timeout))?;
+        Ok(Conn::Single(conn))
+    }
+
+    pub fn link(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Conn::Single(c) => c,
+            Conn::Cluster(c) => &mut **c,
+        }
+    }
+}
+
+/// A connection made when first needed, and made again after one fails.
+pub struct Link {
+    url: String,
+    cluster: bool,
+    timeout: Duration,
+    conn: Option<Conn>,
+}
+
+impl Link {
+    pub fn new(url: String, cluster: bool, timeout: Duration) -> Link {
+        Link {
+            url,
+            cluster,
+            timeout,
+            conn: None,
+        }
+    }
+
+    pub fn get(&mut self) -> Result<&mut Conn, LogError> {
+        if self.conn.is_none() {
+            self.conn = Some(Conn::open(&self.url, self.cluster, self.timeout)?);
+        }
+        Ok(self.conn.as_mut().expect("invariant: connected just above"))
+    }
+
+    /// The connection, if one is open.
+    pub fn open(&mut self) -> Option<&mut Conn> {
+        self.conn.as_mut()
+    }
+
+    /// Drops a connection that failed (it may be left mid-reply).
+    pub fn reset(&mut self) {
+        self.conn = None;
+    }
+}
+
+/// The names of one ledger's keys.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    marker: String,
+    version: String,
+    log: String,
+    lease: String,
+    want: String,
+}
+
+impl Keys {
+    pub fn new(namespace: &str) -> Keys {
+        let key = |name: &str| format!("{{{namespace}}}:{name}");
+        Keys {
+            marker: key("marker"),
+            version: key("version"),
+            log: key("log"),
+            lease: key("lease"),
+            want: key("want"),
+        }
+    }
+
+    /// Every key, for a test that removes a ledger.
+    pub fn all(&self) -> [&str; 5] {
+        [
+            &self.marker,
+            &self.version,
+            &self.log,
+            &self.lease,
+            &self.want,
+        ]
+    }
+}
+
+/// What a write or a lease request found, other than success.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The ledger's marker is gone: Redis lost its data (flushed, or restarted without its
+    /// persistence). Nothing is served from an empty ledger.
+    #[error("the ledger's marker is gone from Redis (flushed, or restarted without its data): refusing to serve")]
+    Wiped,
+    /// Another instance holds the writer's lease.
+    #[error("another instance holds the writer's lease")]
+    Lease,
+    /// The log moved on since this instance last read it.
+    #[error("the log is at {0}, not where this instance's round starts")]
+    Stale(u64),
+}
+
+/// A failure to talk to Redis, or what it refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("{0}")]
+    Refused(#[from] Refused),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+impl LogError {
+    /// Whether the command may have run although no answer came (a timeout, a dropped
+    /// connection): its outcome is unknown until the log is read again.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            LogError::Redis(e) => {
+                !e.is_connection_refusal()
+                    && (e.is_timeout() || e.is_connection_dropped() || e.is_io_error())
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The scripts, loaded by SHA and sent again when Redis answers NOSCRIPT.
+pub struct Scripts {
+    init: Script,
+    acquire: Script,
+    commit: Script,
+    release: Script,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts {
+            init: Script::new(include_str!("init.lua")),
+            acquire: Script::new(include_str!("acquire.lua")),
+            commit: Script::new(include_str!("commit.lua")),
+            release: Script::new(include_str!("release.lua")),
+        }
+    }
+}
+
+/// The lease's answer.
+pub enum Lease {
+    /// Held by this instance, and the log is at this version.
+    Held(u64),
+    /// Held by another for this many more milliseconds.
+    Busy(u64),
+}
+
+/// One ledger's log, as one instance sees it.
+pub struct Log {
+    pub keys: Keys,
+    /// Who this instance is, as its lease names it.
+    pub holder: String,
+    scripts: Scripts,
+}
+
+fn status(reply: &[Value]) -> Result<String, LogError> {
+    match reply.first() {
+        Some(v) => redis::from_redis_value_ref::<String>(v).map_err(|e| LogError::Redis(e.into())),
+        None => Err(LogError::Corrupt("an empty reply from a script".into())),
+    }
+}
+
+fn field<T: redis::FromRedisValue>(reply: &[Value], i: usize) -> Result<T, LogError> {
+    match reply.get(i) {
+        Some(v) => redis::from_redis_value_ref::<T>(v).map_err(|e| LogError::Redis(e.into())),
+        None => Err(LogError::Corrupt(format!(
+            "a script's reply lacks field {i}"
+        ))),
+    }
+}
+
+impl Log {
+    pub fn new(namespace: &str, holder: String) -> Log {
+        Log {
+            keys: Keys::new(namespace),
+            holder,
+            scripts: Scripts::default(),
+        }
+    }
+
+    /// Finds the ledger's marker, or marks a new ledger with `new` when `create` (an instance
+    /// that has served a ledger never creates another: an empty Redis is then a wiped one).
+    /// Answers the marker and whether it is new.
+    pub fn init(
+        &self,
+        conn: &mut Conn,
+        new: &str,
+        create: bool,
+    ) -> Result<(String, bool), LogError> {
+        let k = &self.keys;
+        let reply: Vec<Value> = self
+            .scripts
+            .init
+            .key(&k.marker)
+            .key(&k.version)
+            .key(&k.log)
+            .arg(new)
+            .arg(if create { "create" } else { "find" })
+            .invoke(conn.link())?;
+        match status(&reply)?.as_str() {
+            "OK" => Ok((field(&reply, 1)?, false)),
+            "NEW" => Ok((field(&reply, 1)?, true)),
+            "WIPED" => Err(Refused::Wiped.into()),
+            _ => Err(LogError::Corrupt(
+                "the ledger's log is in Redis without its marker: keys were lost (evicted, or \
+                 partly restored); refusing to serve it"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Whether another instance is waiting for the lease.
+    pub fn wanted(&self, conn: &mut Conn) -> Result<bool, LogError> {
+        Ok(::redis::cmd("EXISTS")
+            .arg(&self.keys.want)
+            .query(conn.link())?)
+    }
+
+    pub fn acquire(&self, conn: &mut Conn, lease: Duration) -> Result<Lease, LogError> {
+        let k = &self.keys;
+        let reply: Vec<Value> = self
+            .scripts
+            .acquire
+            .key(&k.marker)
+            .key(&k.version)
+            .key(&k.lease)
+            .key(&k.want)
+            .arg(&self.holder)
+            .arg(lease.as_millis() as u64)
+            .invoke(conn.link())?;
+        match status(&reply)?.as_str() {
+            "OK" => Ok(Lease::Held(parse_u64(&field::<String>(&reply, 1)?)?)),
+            "HELD" => Ok(Lease::Busy(
+                field::<String>(&reply, 1)?
+                    .parse::<i64>()
+                    .unwrap_or(0)
+                    .max(0) as u64,
+            )),
+            "WIPED" => Err(Refused::Wiped.into()),
+            other => Err(LogError::Corrupt(format!("acquire answered {other}"))),
+        }
+    }
+
+    /// Appends a round (`frames`, the records after `expected` up to `upto`); answers
+    /// whether another instance is waiting for the lease.
+    pub fn commit(
+        &self,
+        conn: &mut Conn,
+        expected: u64,
+        upto: u64,
+        lease: Duration,
+        frames: &[u8],
+    ) -> Result<bool, LogError> {
+        let k = &self.keys;
+        let reply: Vec<Value> = self
+            .scripts
+            .commit
+            .key(&k.marker)
+            .key(&k.version)
+            .key(&k.log)
+            .key(&k.lease)
+            .key(&k.want)
+            .arg(&self.holder)
+            .arg(expected.to_string())
+            .arg(upto)
+            .arg(lease.as_millis() as u64)
+            .arg(frames)
+            .invoke(conn.link())?;
+        match status(&reply)?.as_str() {
+            "OK" => Ok(field::<i64>(&reply, 1)? == 1),
+            "WIPED" => Err(Refused::Wiped.into()),
+            "LEASE" => Err(Refused::Lease.into()),
+            "STALE" => Err(Refused::Stale(parse_u64(&field::<String>(&reply, 1)?)?).into()),
+            other => Err(LogError::Corrupt(format!("commit answered {other}"))),
+        }
+    }
+
+    pub fn release(&self, conn: &mut Conn) -> Result<(), LogError> {
+        let _: i64 = self
+            .scripts
+            .release
+            .key(&self.keys.lease)
+            .arg(&self.holder)
+            .invoke(conn.link())?;
+        Ok(())
+    }
+
+    /// Reads every record after `after`, in order, up to the log's end as of the read;
+    /// answers the last sequence number read (`after` when there was none).
+    pub fn read_after(
+        &self,
+        conn: &mut Conn,
+        after: u64,
+        mut each: impl FnMut(JournalRecord),
+    ) -> Result<u64, LogError> {
+        let mut last = after;
+        loop {
+            let page: ::redis::streams::StreamRangeReply = ::redis::cmd("XRANGE")
+                .arg(&self.keys.log)
+                .arg(format!("({last}-0"))
+                .arg("+")
+                .arg("COUNT")
+                .arg(READ_PAGE)
+                .query(conn.link())?;
+            if page.ids.is_empty() {
+                return Ok(last);
+            }
+            for entry in &page.ids {
+                let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
+                    LogError::Corrupt(format!("log entry {} has no records", entry.id))
+                })?;
+                last = decode_round(&frames, last, &mut each)?;
+            }
+        }
+    }
+}
+
+/// Decodes one log entry's records, which must continue from `last`; answers the new last.
+fn decode_round(
+    frames: &[u8],
+    mut last: u64,
+    each: &mut impl FnMut(JournalRecord),
+) -> Result<u64, LogError> {
+    let mut bytes = Vec::with_capacity(frames.len() + 8);
+    bytes.extend_from_slice(&segment_header());
+    bytes.extend_from_slice(frames);
+    let mut gap = None;
+    let valid = read_records(&mut &bytes[..], bytes.len() as u64, 0, |record| {
+        if record.seq != last + 1 {
+            gap = Some(record.seq);
+            return false;
+        }
+        last = record.seq;
+        each(record);
+        true
+    })
+    .map_err(|what| {
+        LogError::Corrupt(format!("a log entry holds {what} this build cannot read"))
+    })?;
+    if let Some(seq) = gap {
+        return Err(LogError::Corrupt(format!(
+            "the log continues at record {seq} after {last}: records are missing"
+        )));
+    }
+    if valid != Some(bytes.len() as u64) {
+        return Err(LogError::Corrupt("a log entry is damaged".into()));
+    }
+    Ok(last)
+}
+
+fn parse_u64(text: &str) -> Result<u64, LogError> {
+    text.parse()
+        .map_err(|_| LogError::Corrupt(format!("a version that is not a number: {text:?}")))
+}
+
+/// The Redis settings this engine depends on, as read at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub appendonly: String,
+    pub appendfsync: String,
+    pub maxmemory_policy: String,
+}
+
+impl Settings {
+    pub fn read(conn: &mut Conn) -> Result<Settings, LogError> {
+        let mut get = |name: &str| -> Result<String, LogError> {
+            let pair: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query(conn.link())?;
+            Ok(pair.get(1).cloned().unwrap_or_default())
+        };
+        Ok(Settings {
+            appendonly: get("appendonly")?,
+            appendfsync: get("appendfsync")?,
+            maxmemory_policy: get("maxmemory-policy")?,
+        })
+    }
+}

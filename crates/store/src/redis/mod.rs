@@ -1,0 +1,334 @@
+//! The Redis engine: many `cycles` processes serve one ledger kept in Redis (one server or a
+//! Redis Cluster), each exactly as correct as the embedded engine, because each runs the
+//! same pure `ledger::apply` on the same records.
+//!
+//! Redis holds the ledger's journal: a log of rounds of journal records (the effects each
+//! operation made, as the embedded engine journals them). An instance keeps the state in
+//! memory, as the embedded engine does, built by replaying that log. One instance at a time
+//! holds the writer's *lease*: it applies operations to its state, appends their records to
+//! the log in one script per round (fenced: only while it holds the lease and the log ends
+//! where the round starts), and replies once Redis has acknowledged the append. An instance
+//! that takes the lease first reads the rounds others appended since it last read the log,
+//! so every operation is decided on the whole ledger, in one total order, whatever instance
+//! it reached. Writers hand the lease over when another instance asks for it (see
+//! [`writer`]).
+//!
+//! Redis never evaluates a rule: its scripts compare versions and append bytes, so the
+//! budgets' int64 arithmetic, the idempotency records and the events are the ledger's, the
+//! same bytes the embedded engine journals.
+//!
+//! Each instance keeps the history (audit entries, events, deliveries, archived
+//! reservations) the log carries in a local history store, a cache it rebuilds from the log
+//! at start.
+
+mod log;
+mod writer;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use ledger::{Effect, Operation};
+use tokio::sync::oneshot;
+
+use crate::history::{History, Projector, Retention};
+use crate::{AuditFacts, Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
+
+pub use log::{Keys, Settings};
+use writer::{Ctx, Job, Outcome, Shared, Writer};
+
+/// How long a read of the history waits for the entries of changes the instance has read.
+const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
+
+/// Operations queued for the writer, at most; more wait for room.
+const QUEUE_DEPTH: usize = 4096;
+
+/// What the engine demands of Redis's persistence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisDurability {
+    /// Redis must have its append-only file on (`appendonly yes`): an acknowledged
+    /// operation survives a Redis restart as far as its `appendfsync` allows (`always`: every
+    /// one; `everysec`: all but the last second). The default.
+    Aof,
+    /// No persistence demanded: a Redis restart loses the ledger (the engine then refuses
+    /// to serve). For tests and for measuring the floor, as the embedded `none` mode.
+    None,
+}
+
+impl RedisDurability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisDurability::Aof => "aof",
+            RedisDurability::None => "none",
+        }
+    }
+}
+
+pub struct RedisConfig {
+    /// `redis://host:port[/db]`; for a Cluster, its nodes' URLs, comma-separated.
+    pub url: String,
+    pub cluster: bool,
+    /// Names the ledger: its keys are `{namespace}:…`, one hash slot.
+    pub namespace: String,
+    pub durability: RedisDurability,
+    /// How long one command may take before Redis counts as down.
+    pub timeout: Duration,
+    /// How long the writer's lease lasts without a write.
+    pub lease: Duration,
+    /// Where this instance keeps its history cache (rebuilt from the log at start).
+    pub history_dir: PathBuf,
+    pub clock: Arc<dyn Clock>,
+    pub retention: Retention,
+}
+
+/// The defaults of [`RedisConfig`]'s timings.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
+
+impl RedisConfig {
+    pub fn new(
+        url: impl Into<String>,
+        history_dir: impl Into<PathBuf>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        RedisConfig {
+            url: url.into(),
+            cluster: false,
+            namespace: "cycles".into(),
+            durability: RedisDurability::Aof,
+            timeout: DEFAULT_TIMEOUT,
+            lease: DEFAULT_LEASE,
+            history_dir: history_dir.into(),
+            clock,
+            retention: Retention::default(),
+        }
+    }
+}
+
+/// What opening the engine found, for the startup log.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    /// The ledger's marker: its id and when it was created.
+    pub ledger: String,
+    /// Whether this start created the ledger.
+    pub created: bool,
+    /// The records read from the log.
+    pub records: u64,
+    pub settings: Option<Settings>,
+}
+
+pub struct RedisStore {
+    jobs: SyncSender<Job>,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl RedisStore {
+    /// Connects, checks Redis's settings, and reads the ledger's log. Refuses a Redis that
+    /// would lose budgets silently (an eviction policy, no persistence without
+    /// [`RedisDurability::None`]) and a ledger whose keys were lost.
+    pub fn open(config: RedisConfig) -> io::Result<(Self, OpenReport)> {
+        let _ = std::fs::create_dir_all(&config.history_dir);
+        // A cache of the log: what an earlier run left may be another ledger's.
+        for suffix in ["", "-wal", "-shm"] {
+            let path = config
+                .history_dir
+                .join(format!("{}{suffix}", crate::history::FILE_NAME));
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        let projector = Projector::open_embedded(
+            Some(&config.history_dir),
+            config.retention,
+            config.clock.clone(),
+        )?;
+        let shared = Arc::new(Shared::new(projector, config.clock.clone()));
+        let (mut writer, report) = Writer::open(config, shared.clone())?;
+        let (jobs, queue) = mpsc::sync_channel(QUEUE_DEPTH);
+        let thread = thread::Builder::new()
+            .name("cycles-redis".into())
+            .spawn(move || writer.run(queue))?;
+        let store = RedisStore {
+            jobs,
+            shared,
+            writer: Mutex::new(Some(thread)),
+        };
+        Ok((store, report))
+    }
+
+    /// Runs an operation on the writer thread and waits for its reply, which comes once
+    /// its records (and everything it saw) are in Redis.
+    async fn run<O: Operation>(
+        &self,
+        operation: O,
+        context: RequestContext<O::Output>,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let RequestContext { origin, audit } = context;
+        // Taken here: the request's origin is where the request runs, not on the writer.
+        let origin = origin();
+        let job: Job = Box::new(move |ctx: &mut Ctx<'_>| {
+            let now = ctx.now;
+            let found = match operation.archive_lookup(ctx.state, now) {
+                None => None,
+                Some(lookup) => match ctx.archived(&lookup) {
+                    Ok(found) => Some(found),
+                    Err(why) => {
+                        let _ = tx.send(Err(StoreError::Unavailable(why)));
+                        return Outcome::default();
+                    }
+                },
+            };
+            let origin = || origin.clone();
+            let mut applied = ledger::apply_in(ctx.state, operation, now, &origin, found);
+            let entry = audit.and_then(|audit| {
+                audit(AuditFacts {
+                    result: &applied.result,
+                    tenant: applied.tenant.as_ref(),
+                    state: ctx.state,
+                    now,
+                })
+            });
+            if let Some(entry) = entry {
+                applied.effects.push(Effect::Audit(Box::new(entry)));
+            }
+            let reply = Reply {
+                result: applied.result,
+                tenant: applied.tenant,
+            };
+            Outcome {
+                effects: applied.effects,
+                finish: Some(Box::new(move |written| {
+                    let _ = tx.send(written.map(|()| reply));
+                })),
+            }
+        });
+        self.submit(job)?;
+        match rx.await {
+            Ok(reply) => reply,
+            // Dropped unrun: the engine could not take writes.
+            Err(_) => Err(self.shared.unavailable()),
+        }
+    }
+
+    fn submit(&self, job: Job) -> Result<(), StoreError> {
+        if self.shared.closed() {
+            return Err(StoreError::ShuttingDown);
+        }
+        self.jobs.send(job).map_err(|_| StoreError::ShuttingDown)
+    }
+
+    /// Waits until this instance has read the log to its end (as of now) and handed its
+    /// history over, so that a read of the history sees every change acknowledged before.
+    async fn caught_up(&self) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |_: &mut Ctx<'_>| Outcome {
+            effects: Vec::new(),
+            finish: Some(Box::new(move |written| {
+                let _ = tx.send(written);
+            })),
+        });
+        self.submit(job)?;
+        rx.await.unwrap_or_else(|_| Err(self.shared.unavailable()))
+    }
+}
+
+impl Store for RedisStore {
+    async fn execute<O: Operation>(
+        &self,
+        operation: O,
+        _load: Load,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        self.run(operation, RequestContext::default()).await
+    }
+
+    async fn execute_in<O: Operation>(
+        &self,
+        operation: O,
+        _load: Load,
+        context: RequestContext<O::Output>,
+    ) -> Result<Reply<O::Output>, StoreError> {
+        self.run(operation, context).await
+    }
+
+    async fn read_history<T, F>(&self, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn History) -> io::Result<T> + Send + 'static,
+    {
+        self.caught_up().await?;
+        let history = self.shared.projector.history().clone();
+        let progress = self.shared.projector.progress().clone();
+        let read = move || {
+            progress.wait_caught_up(HISTORY_CATCH_UP);
+            read(&*history)
+        };
+        match tokio::task::spawn_blocking(read).await {
+            Ok(Ok(page)) => Ok(page),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Err(e) => Err(StoreError::Unavailable(format!("history read: {e}"))),
+        }
+    }
+
+    async fn expire_history(&self) {
+        let shared = self.shared.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.projector.expire_now()).await;
+    }
+
+    fn health(&self) -> Health {
+        self.shared.health()
+    }
+
+    fn metrics(&self) -> Vec<Metric> {
+        self.shared.metrics()
+    }
+
+    async fn shutdown(&self) {
+        self.shared.close();
+        let thread = self.writer.lock().ok().and_then(|mut t| t.take());
+        let shared = self.shared.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(thread) = thread {
+                let _ = thread.join();
+            }
+            shared.projector.shutdown();
+        })
+        .await;
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.shared.close();
+        if let Some(thread) = self.writer.get_mut().ok().and_then(Option::take) {
+            let _ = thread.join();
+        }
+        self.shared.projector.shutdown();
+    }
+}
+
+/// Counters shared with `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub commands: AtomicU64,
+    pub rounds: AtomicU64,
+    pub log_bytes: AtomicU64,
+    pub records_read: AtomicU64,
+    pub leases: AtomicU64,
+    pub lease_waits: AtomicU64,
+    pub handoffs: AtomicU64,
+    pub faults: AtomicU64,
+    pub reloads: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,677 @@
+//! The writer thread: it owns the instance's state and its connection to Redis, and runs
+//! operations in rounds.
+//!
+//! A round takes every queued operation (up to [`MAX_ROUND_JOBS`]), makes sure the
+//! instance holds the writer's lease and has read the log to its end, applies them to the
+//! state in order, and appends the records of those that changed something to the log in
+//! one script. Only then are they answered, reads and refusals included: a reply never
+//! shows what Redis has not acknowledged.
+//!
+//! **Faults.** A round whose append fails leaves the state ahead of the log: its operations
+//! are refused (`503`; an append whose answer was lost may have happened, and says so), and
+//! the state is read again from the log before anything else is served. While Redis cannot
+//! be reached the engine answers `503` at once, trying again (half-open) after a delay that
+//! doubles up to [`MAX_RETRY_DELAY`]: a circuit breaker. A ledger whose marker disappears
+//! (Redis flushed, or restarted without its data) is never served again by this process.
+//!
+//! **The lease.** The holder keeps it while it writes (each append renews it). Another
+//! instance that wants it leaves word; the holder gives it up after a round once it has
+//! held it for [`HANDOFF_AFTER`], or when it is idle, so instances take turns in rounds.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ledger::{ArchiveLookup, Effect, Found, Millis, State};
+
+use super::log::{Lease, Link, Log, LogError, Refused, Settings};
+use super::{Counters, OpenReport, RedisConfig, RedisDurability};
+use crate::embedded::journal::{encode_record, JournalRecord};
+use crate::history::{Item, Projector};
+use crate::{Clock, Health, Metric, StoreError};
+
+/// Operations in one round, at most.
+const MAX_ROUND_JOBS: usize = 512;
+/// How often an idle writer looks whether another instance wants its lease.
+const IDLE_CHECK: Duration = Duration::from_millis(5);
+/// How long a holder keeps the lease, at least, once another instance wants it.
+const HANDOFF_AFTER: Duration = Duration::from_millis(2);
+/// How long a round waits for the lease before its operations are refused.
+const LEASE_WAIT: Duration = Duration::from_secs(5);
+/// How long a waiting instance sleeps between two asks for the lease, at most.
+const LEASE_POLL: Duration = Duration::from_millis(1);
+/// The first delay before a lost Redis is tried again; it doubles up to the second.
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// How long a history lookup waits for the history the instance has read.
+const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
+
+/// One operation, to be run on the writer thread against the state.
+pub type Job = Box<dyn FnOnce(&mut Ctx<'_>) -> Outcome + Send>;
+
+/// Answers a job once its records are in the log (or are not).
+pub type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// What running a job came to: the effects to append, and how to answer it once they are
+/// in the log (or are not).
+#[derive(Default)]
+pub struct Outcome {
+    pub effects: Vec<Effect>,
+    pub finish: Option<Finish>,
+}
+
+/// What a job runs against.
+pub struct Ctx<'a> {
+    pub state: &'a mut State,
+    pub now: Millis,
+    projector: &'a Projector,
+}
+
+impl Ctx<'_> {
+    /// What the history holds for `lookup` (the archive of a reservation the state no
+    /// longer holds), once the history the instance has read is written.
+    pub fn archived(&self, lookup: &ArchiveLookup) -> Result<Found, String> {
+        self.projector.progress().wait_caught_up(HISTORY_CATCH_UP);
+        self.projector
+            .history()
+            .archived(lookup)
+            .map(|found| found.map(Arc::new))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What the writer shares with the store's callers.
+pub struct Shared {
+    pub projector: Projector,
+    pub counters: Counters,
+    clock: Arc<dyn Clock>,
+    /// Why operations are refused, while they are.
+    fault: Mutex<Option<String>>,
+    closed: AtomicBool,
+    holding: AtomicBool,
+    version: AtomicU64,
+    reservations: AtomicU64,
+    budgets: AtomicU64,
+    deliveries_due: AtomicU64,
+    archived_keys: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(projector: Projector, clock: Arc<dyn Clock>) -> Shared {
+        Shared {
+            projector,
+            counters: Counters::default(),
+            clock,
+            fault: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
+            version: AtomicU64::new(0),
+            reservations: AtomicU64::new(0),
+            budgets: AtomicU64::new(0),
+            deliveries_due: AtomicU64::new(0),
+            archived_keys: AtomicU64::new(0),
+        }
+    }
+
+    pub fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.fault.lock().map_or(None, |f| f.clone())
+    }
+
+    fn set_fault(&self, why: Option<String>) {
+        if let Ok(mut fault) = self.fault.lock() {
+            *fault = why;
+        }
+    }
+
+    /// The refusal of an operation the writer could not run.
+    pub fn unavailable(&self) -> StoreError {
+        match self.fault() {
+            Some(why) => StoreError::Unavailable(why),
+            None if self.closed() => StoreError::ShuttingDown,
+            None => StoreError::Unavailable("the Redis engine stopped".into()),
+        }
+    }
+
+    pub fn health(&self) -> Health {
+        match self.fault() {
+            Some(why) => Health {
+                ready: false,
+                detail: format!("redis unavailable, refusing every operation: {why}"),
+            },
+            None if self.closed() => Health {
+                ready: false,
+                detail: "shutting down".into(),
+            },
+            None => Health {
+                ready: true,
+                detail: "redis".into(),
+            },
+        }
+    }
+
+    pub fn metrics(&self) -> Vec<Metric> {
+        let c = &self.counters;
+        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        let m = |name, help, counter, value| Metric {
+            name,
+            help,
+            counter,
+            value,
+        };
+        vec![
+            m("cycles_store_commands_total", "Commands applied to the ledger.", true, get(&c.commands)),
+            m("cycles_redis_rounds_total", "Rounds of records appended to the ledger's log in Redis (one script each).", true, get(&c.rounds)),
+            m("cycles_redis_log_bytes_total", "Bytes of records appended to the ledger's log.", true, get(&c.log_bytes)),
+            m("cycles_redis_records_read_total", "Records other instances appended, read from the log.", true, get(&c.records_read)),
+            m("cycles_redis_leases_total", "Times this instance took the writer's lease.", true, get(&c.leases)),
+            m("cycles_redis_lease_waits_total", "Times this instance waited for another to give the lease up.", true, get(&c.lease_waits)),
+            m("cycles_redis_handoffs_total", "Times this instance gave the lease up to another that wanted it.", true, get(&c.handoffs)),
+            m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
+            m("cycles_redis_reloads_total", "Times the state was read again from the log after a failed append.", true, get(&c.reloads)),
+            m("cycles_redis_unavailable", "1 while Redis cannot be used and every operation is refused (the breaker is open).", false, u64::from(self.fault().is_some())),
+            m("cycles_redis_lease_held", "1 while this instance holds the writer's lease.", false, u64::from(self.holding.load(Ordering::Relaxed))),
+            m("cycles_redis_log_version", "The last record of the ledger's log this instance has applied.", false, get(&self.version)),
+            m("cycles_reservations", "Reservations in memory: the ACTIVE ones and those settled too recently to be archived yet.", false, get(&self.reservations)),
+            m("cycles_reservations_archived", "Settled reservations archived in the history store (on disk, not in memory).", false, self.projector.history().archived_count()),
+            m("cycles_archived_reserve_keys", "Digests of archived reservations' reserve keys kept in memory while their replay windows last (8 bytes each).", false, get(&self.archived_keys)),
+            m("cycles_budgets", "Budget ledgers.", false, get(&self.budgets)),
+            m("cycles_webhook_deliveries_due", "Webhook deliveries queued or waiting for a retry (in the state).", false, get(&self.deliveries_due)),
+            m("cycles_events", "Events in the history store (on disk, not in memory).", false, self.projector.history().event_count()),
+            m("cycles_audit_entries", "Audit entries in the history store (on disk, not in memory).", false, self.projector.history().audit_count()),
+        ]
+    }
+}
+
+/// Why Redis cannot be used now, and when to try again.
+struct Broken {
+    why: String,
+    retry_at: Instant,
+}
+
+pub struct Writer {
+    durability: RedisDurability,
+    lease: Duration,
+    log: Log,
+    link: Link,
+    state: State,
+    /// The last record of the log applied to `state`.
+    applied: u64,
+    /// The ledger's time never steps back, whichever instance wrote last.
+    last_now: Millis,
+    /// The ledger's marker, once found: a Redis without it is never served again.
+    marker: Option<String>,
+    /// Whether `state` is the log's up to `applied` (false after a failed append, until
+    /// it is read again).
+    loaded: bool,
+    /// Until when the lease is this instance's, by its own clock (a margin before Redis
+    /// lets it go).
+    lease_until: Option<Instant>,
+    held_since: Instant,
+    broken: Option<Broken>,
+    retry_delay: Duration,
+    /// A refusal no retry can lift (the ledger was wiped).
+    fatal: Option<String>,
+    frames: Vec<u8>,
+    shared: Arc<Shared>,
+}
+
+fn holder_id() -> String {
+    format!("{}-{}", std::process::id(), uuid_like())
+}
+
+/// A random id for this instance's lease and for a new ledger's marker.
+fn uuid_like() -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
+}
+
+impl Writer {
+    pub fn open(config: RedisConfig, shared: Arc<Shared>) -> std::io::Result<(Writer, OpenReport)> {
+        let mut writer = Writer {
+            durability: config.durability,
+            lease: config.lease,
+            log: Log::new(&config.namespace, holder_id()),
+            link: Link::new(config.url, config.cluster, config.timeout),
+            state: State::new(),
+            applied: 0,
+            last_now: Millis::MIN,
+            marker: None,
+            loaded: false,
+            lease_until: None,
+            held_since: Instant::now(),
+            broken: None,
+            retry_delay: FIRST_RETRY_DELAY,
+            fatal: None,
+            frames: Vec::new(),
+            shared,
+        };
+        let report = match writer.load() {
+            Ok(report) => report,
+            // Redis is not up yet: served 503 until it is (see `writable`).
+            Err(e @ LogError::Redis(_)) => {
+                tracing::warn!(error = %e, "redis cannot be reached yet: refusing operations until it can");
+                writer.broke(e);
+                OpenReport::default()
+            }
+            Err(e) => return Err(std::io::Error::other(e.to_string())),
+        };
+        Ok((writer, report))
+    }
+
+    /// Runs rounds until the store closes.
+    pub fn run(&mut self, queue: Receiver<Job>) {
+        loop {
+            let first = match queue.recv_timeout(IDLE_CHECK) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) if self.shared.closed() => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.idle();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_ROUND_JOBS {
+                match queue.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.round(jobs);
+            self.publish_gauges();
+        }
+        self.give_up_lease();
+    }
+
+    /// Connects, checks Redis's settings, finds (or, on first start, creates) the ledger and
+    /// reads its whole log into a new state.
+    fn load(&mut self) -> Result<OpenReport, LogError> {
+        let durability = self.durability;
+        let settings = Settings::read(self.link.get()?)?;
+        check_settings(&settings, durability)?;
+        let new_marker = format!("{} {}", uuid_like(), self.shared.clock.now_ms());
+        // Only an instance that has never served this ledger may create it: for one that
+        // has, an empty Redis is a wiped one.
+        let create = self.marker.is_none();
+        let (marker, created) = self.log.init(self.link.get()?, &new_marker, create)?;
+        match &self.marker {
+            Some(known) if *known != marker => return Err(Refused::Wiped.into()),
+            _ => self.marker = Some(marker.clone()),
+        }
+        self.shared
+            .projector
+            .progress()
+            .wait_caught_up(HISTORY_CATCH_UP);
+        let held = self.shared.projector.history().held_seq().unwrap_or(0);
+        let mut state = State::new();
+        let mut last_now = Millis::MIN;
+        let mut entries = Vec::new();
+        let mut records = 0;
+        let last = self.log.read_after(self.link.get()?, 0, |record| {
+            records += 1;
+            for effect in &record.effects {
+                state.apply_effect(effect);
+            }
+            last_now = last_now.max(record.at_ms);
+            if record.seq > held {
+                entries.extend(
+                    record
+                        .effects
+                        .iter()
+                        .filter_map(Item::of)
+                        .map(|i| (record.seq, i)),
+                );
+            }
+        })?;
+        if !entries.is_empty() {
+            self.shared.projector.project(last, entries);
+        }
+        self.state = state;
+        self.applied = last;
+        self.last_now = last_now;
+        self.loaded = true;
+        self.lease_until = None;
+        self.publish_gauges();
+        Ok(OpenReport {
+            ledger: marker,
+            created,
+            records,
+            settings: Some(settings),
+        })
+    }
+
+    /// Runs one round (see the module's documentation).
+    fn round(&mut self, jobs: Vec<Job>) {
+        if let Err(why) = self.writable() {
+            self.shared.set_fault(Some(why));
+            // Dropped unrun: each is refused with the fault.
+            drop(jobs);
+            return;
+        }
+        let now = self.shared.clock.now_ms().max(self.last_now);
+        self.last_now = now;
+        let base = self.applied;
+        let mut seq = base;
+        let mut entries = Vec::new();
+        let mut finishes = Vec::with_capacity(jobs.len());
+        let mut encode_failed = None;
+        self.frames.clear();
+        for job in jobs {
+            let mut ctx = Ctx {
+                state: &mut self.state,
+                now,
+                projector: &self.shared.projector,
+            };
+            let outcome = job(&mut ctx);
+            Counters::add(&self.shared.counters.commands, 1);
+            finishes.extend(outcome.finish);
+            if outcome.effects.is_empty() || encode_failed.is_some() {
+                continue;
+            }
+            seq += 1;
+            entries.extend(
+                outcome
+                    .effects
+                    .iter()
+                    .filter_map(Item::of)
+                    .map(|i| (seq, i)),
+            );
+            let record = JournalRecord {
+                seq,
+                at_ms: now,
+                effects: outcome.effects,
+            };
+            if let Err(e) = encode_record(&record, &mut self.frames) {
+                encode_failed = Some(e.to_string());
+            }
+        }
+        let written = match encode_failed {
+            Some(why) => Err(self.failed_append(LogError::Corrupt(why))),
+            None if seq == base => Ok(()),
+            None => self.append(base, seq, entries),
+        };
+        for finish in finishes {
+            finish(written.clone());
+        }
+    }
+
+    /// Appends the round's frames (records `base + 1 ..= upto`).
+    fn append(
+        &mut self,
+        base: u64,
+        upto: u64,
+        entries: Vec<(u64, Item)>,
+    ) -> Result<(), StoreError> {
+        let sent = Instant::now();
+        let lease = self.lease;
+        let result = match self.link.get() {
+            Ok(conn) => self.log.commit(conn, base, upto, lease, &self.frames),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(wanted) => {
+                let c = &self.shared.counters;
+                Counters::add(&c.rounds, 1);
+                Counters::add(&c.log_bytes, self.frames.len() as u64);
+                self.applied = upto;
+                self.lease_until = Some(sent + lease * 3 / 4);
+                // Handed over before the replies: whoever sees the change acknowledged
+                // finds its history on its way.
+                if !entries.is_empty() {
+                    self.shared.projector.project(upto, entries);
+                }
+                if wanted && self.held_since.elapsed() >= HANDOFF_AFTER {
+                    Counters::add(&self.shared.counters.handoffs, 1);
+                    self.give_up_lease();
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.failed_append(e)),
+        }
+    }
+
+    /// After an append that failed: the state is ahead of the log, so it is read again
+    /// before anything else is served. Answers the refusal of the round's operations.
+    fn failed_append(&mut self, e: LogError) -> StoreError {
+        let unknown = e.outcome_unknown();
+        self.loaded = false;
+        self.lease_until = None;
+        let why = e.to_string();
+        self.broke(e);
+        if unknown {
+            StoreError::OutcomeUnknown(why)
+        } else {
+            StoreError::Unavailable(why)
+        }
+    }
+
+    /// Records a failure to use Redis: operations are refused at once until the retry.
+    fn broke(&mut self, e: LogError) {
+        let why = e.to_string();
+        if matches!(e, LogError::Refused(Refused::Wiped)) {
+            tracing::error!(%why, "refusing every operation until this process is restarted");
+            self.fatal = Some(why.clone());
+        } else {
+            tracing::warn!(%why, "redis failed: refusing operations until it answers again");
+        }
+        if !matches!(e, LogError::Refused(_)) {
+            // A connection that failed may be left mid-reply: a new one is made.
+            self.link.reset();
+        }
+        Counters::add(&self.shared.counters.faults, 1);
+        self.lease_until = None;
+        self.shared.holding.store(false, Ordering::Relaxed);
+        self.broken = Some(Broken {
+            why: why.clone(),
+            retry_at: Instant::now() + self.retry_delay,
+        });
+        self.retry_delay = (self.retry_delay * 2).min(MAX_RETRY_DELAY);
+        self.shared.set_fault(Some(why));
+    }
+
+    /// Makes sure the round may write: Redis reachable, the state read, the lease held and
+    /// the log read to its end.
+    fn writable(&mut self) -> Result<(), String> {
+        if let Some(why) = &self.fatal {
+            return Err(why.clone());
+        }
+        if let Some(broken) = &self.broken {
+            if Instant::now() < broken.retry_at {
+                return Err(broken.why.clone());
+            }
+        }
+        if let Err(e) = self.try_writable() {
+            let why = e.to_string();
+            if !matches!(e, LogError::Refused(Refused::Lease)) {
+                self.broke(e);
+            }
+            return Err(why);
+        }
+        if self.broken.take().is_some() {
+            tracing::info!("redis answers again: serving");
+        }
+        self.retry_delay = FIRST_RETRY_DELAY;
+        self.shared.set_fault(None);
+        Ok(())
+    }
+
+    fn try_writable(&mut self) -> Result<(), LogError> {
+        if !self.loaded {
+            Counters::add(&self.shared.counters.reloads, 1);
+            self.load()?;
+        }
+        if self.lease_until.is_some_and(|until| Instant::now() < until) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + LEASE_WAIT;
+        loop {
+            let sent = Instant::now();
+            let lease = self.lease;
+            match self.log.acquire(self.link.get()?, lease)? {
+                Lease::Held(version) => {
+                    self.catch_up(version)?;
+                    Counters::add(&self.shared.counters.leases, 1);
+                    self.lease_until = Some(sent + lease * 3 / 4);
+                    self.held_since = Instant::now();
+                    self.shared.holding.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Lease::Busy(left_ms) => {
+                    if Instant::now() >= deadline {
+                        return Err(Refused::Lease.into());
+                    }
+                    Counters::add(&self.shared.counters.lease_waits, 1);
+                    std::thread::sleep(LEASE_POLL.min(Duration::from_millis(left_ms.max(1))));
+                }
+            }
+        }
+    }
+
+    /// Applies the rounds other instances appended, up to `version`.
+    fn catch_up(&mut self, version: u64) -> Result<(), LogError> {
+        if version == self.applied {
+            return Ok(());
+        }
+        if version < self.applied {
+            // Redis lost acknowledged rounds (restarted from an older persistence file):
+            // the state is ahead of it and is read again from what it holds.
+            tracing::error!(
+                redis = version,
+                applied = self.applied,
+                "the ledger's log in Redis ends before records this instance applied: \
+                 Redis lost acknowledged writes; reading the ledger again from it"
+            );
+            self.loaded = false;
+            return Err(LogError::Corrupt(format!(
+                "the log went back from record {} to {version}",
+                self.applied
+            )));
+        }
+        let Writer {
+            log,
+            link,
+            state,
+            last_now,
+            shared,
+            ..
+        } = self;
+        let conn = link.get()?;
+        let mut entries = Vec::new();
+        let mut read = 0;
+        let last = log.read_after(conn, self.applied, |record| {
+            read += 1;
+            for effect in &record.effects {
+                state.apply_effect(effect);
+            }
+            *last_now = (*last_now).max(record.at_ms);
+            entries.extend(
+                record
+                    .effects
+                    .iter()
+                    .filter_map(Item::of)
+                    .map(|i| (record.seq, i)),
+            );
+        })?;
+        Counters::add(&shared.counters.records_read, read);
+        if !entries.is_empty() {
+            shared.projector.project(last, entries);
+        }
+        self.applied = last;
+        if last != version {
+            self.loaded = false;
+            return Err(LogError::Corrupt(format!(
+                "the log's version is {version} but its records end at {last}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// While no operation comes: gives the lease up to an instance that wants it.
+    fn idle(&mut self) {
+        if self.lease_until.is_none() || self.broken.is_some() {
+            return;
+        }
+        if self
+            .lease_until
+            .is_some_and(|until| Instant::now() >= until)
+        {
+            self.lease_until = None;
+            self.shared.holding.store(false, Ordering::Relaxed);
+            return;
+        }
+        let wanted = match self.link.get() {
+            Ok(conn) => self.log.wanted(conn),
+            Err(e) => Err(e),
+        };
+        match wanted {
+            Ok(true) => {
+                Counters::add(&self.shared.counters.handoffs, 1);
+                self.give_up_lease();
+            }
+            Ok(false) => {}
+            Err(e) => self.broke(e),
+        }
+    }
+
+    fn give_up_lease(&mut self) {
+        if self.lease_until.take().is_none() {
+            return;
+        }
+        self.shared.holding.store(false, Ordering::Relaxed);
+        if let Some(conn) = self.link.open() {
+            if let Err(e) = self.log.release(conn) {
+                // It lapses by itself.
+                tracing::debug!(error = %e, "releasing the writer's lease failed");
+            }
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let s = &self.shared;
+        s.version.store(self.applied, Ordering::Relaxed);
+        s.reservations
+            .store(self.state.reservation_count() as u64, Ordering::Relaxed);
+        s.budgets
+            .store(self.state.budget_count() as u64, Ordering::Relaxed);
+        s.deliveries_due
+            .store(self.state.deliveries_due() as u64, Ordering::Relaxed);
+        s.archived_keys
+            .store(self.state.archived_key_count() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Refuses Redis settings under which it would lose budgets without saying so.
+fn check_settings(settings: &Settings, durability: RedisDurability) -> Result<(), LogError> {
+    if settings.maxmemory_policy != "noeviction" {
+        return Err(LogError::Corrupt(format!(
+            "Redis's maxmemory-policy is {}: under memory pressure it would delete the \
+             ledger's keys; set it to noeviction",
+            settings.maxmemory_policy
+        )));
+    }
+    if durability == RedisDurability::Aof && settings.appendonly != "yes" {
+        return Err(LogError::Corrupt(
+            "Redis keeps no append-only file (appendonly no): a Redis restart would lose the \
+             ledger. Turn it on (appendonly yes, appendfsync always for no loss at all), or \
+             start with --redis-durability none to accept the loss"
+                .into(),
+        ));
+    }
+    Ok(())
+}
