@@ -42,11 +42,17 @@ enum Cmd {
     Admin(admin::AdminArgs),
     /// Create a demo tenant, key and budget on a running server and print how to use them.
     Quickstart(client::Target),
-    /// Check a data directory offline: recover it read-only and verify every ledger rule.
+    /// Check a ledger: recover a data directory read-only (or read a Redis engine's log)
+    /// and verify every ledger rule.
     Verify {
-        /// The data directory to check.
+        /// Where the ledger is kept.
+        #[arg(long, env = "CYCLES_STORE", value_enum, default_value = "embedded")]
+        store: serve::StoreArg,
+        /// The data directory to check (the embedded store).
         #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
         data_dir: PathBuf,
+        #[command(flatten)]
+        redis: serve::RedisTarget,
     },
     /// Benchmark any Cycles server: the reference's suite, floors, reports, comparisons.
     #[command(subcommand)]
@@ -59,7 +65,14 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve(args) => serve::run(args),
         Cmd::Admin(args) => admin::run(args),
         Cmd::Quickstart(target) => quickstart::run(target),
-        Cmd::Verify { data_dir } => verify::run(&data_dir),
+        Cmd::Verify {
+            store,
+            data_dir,
+            redis,
+        } => match store {
+            serve::StoreArg::Embedded => verify::run(&data_dir),
+            serve::StoreArg::Redis => verify::run_redis(&redis),
+        },
         Cmd::Bench(cmd) => bench::main(cmd),
     }
 }

@@ -12,6 +12,7 @@ use clap::{Args, ValueEnum};
 use server::{BoundServer, Dashboard, DetectorOptions, Limits, RateLimit, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 use store::history::Retention;
+use store::redis::{RedisConfig, RedisDurability, RedisStore};
 use store::SystemClock;
 
 /// The file in the data directory that keeps a generated admin key.
@@ -25,6 +26,70 @@ pub enum DurabilityArg {
     Strict,
     /// Memory only: nothing survives a restart. For tests and measuring the floor.
     None,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreArg {
+    /// This process's data directory: a journal and snapshots (the default).
+    Embedded,
+    /// A Redis or Redis Cluster that any number of `cycles serve` processes share.
+    Redis,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum RedisDurabilityArg {
+    /// Redis must keep an append-only file (appendonly yes); refused otherwise.
+    Aof,
+    /// Redis may keep nothing: a Redis restart loses the ledger. For tests and the floor.
+    None,
+}
+
+/// Which ledger in which Redis (`--store redis`, and `cycles verify --store redis`).
+#[derive(Args)]
+pub struct RedisTarget {
+    /// The Redis to keep the ledger in (`redis://[user:password@]host:port[/db]`); for a
+    /// Redis Cluster, any of its nodes, comma-separated.
+    #[arg(
+        long,
+        env = "CYCLES_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
+    pub redis_url: String,
+    /// The Redis is a Redis Cluster.
+    #[arg(long, env = "CYCLES_REDIS_CLUSTER")]
+    pub redis_cluster: bool,
+    /// Names the ledger in Redis: its keys are `{NAMESPACE}:…` (one hash slot). Instances
+    /// with the same namespace serve the same ledger.
+    #[arg(long, env = "CYCLES_REDIS_NAMESPACE", default_value = "cycles")]
+    pub redis_namespace: String,
+}
+
+/// The Redis engine (`--store redis`).
+#[derive(Args)]
+struct RedisArgs {
+    #[command(flatten)]
+    target: RedisTarget,
+    /// What Redis must keep on disk.
+    #[arg(
+        long,
+        env = "CYCLES_REDIS_DURABILITY",
+        value_enum,
+        default_value = "aof"
+    )]
+    redis_durability: RedisDurabilityArg,
+    /// Milliseconds one Redis command may take before Redis counts as down: operations are
+    /// then answered 503 at once until it answers again.
+    #[arg(long, env = "CYCLES_REDIS_TIMEOUT_MS",
+        default_value_t = store::redis::DEFAULT_TIMEOUT.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    redis_timeout_ms: u64,
+    /// Milliseconds the writer's lease lasts without a write: how long a writer that died
+    /// holds the others up, at most.
+    #[arg(long, env = "CYCLES_REDIS_LEASE_MS",
+        default_value_t = store::redis::DEFAULT_LEASE.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(100..))]
+    redis_lease_ms: u64,
 }
 
 /// Bounds on what clients can hold (see the README's "Limits").
@@ -83,14 +148,20 @@ pub struct ServeArgs {
     /// Address to listen on (every plane).
     #[arg(long, env = "CYCLES_LISTEN", default_value = "127.0.0.1:7878")]
     listen: SocketAddr,
-    /// Where the journal, snapshots and the generated admin key live.
+    /// Where the ledger is kept.
+    #[arg(long, env = "CYCLES_STORE", value_enum, default_value = "embedded")]
+    store: StoreArg,
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Where the journal, snapshots and the generated admin key live (with `--store
+    /// redis`: the generated keys and this instance's history cache).
     #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
     data_dir: PathBuf,
     /// The admin key (X-Admin-API-Key). If unset, one is generated on first start, stored in
     /// the data directory and printed once.
     #[arg(long, env = "CYCLES_ADMIN_API_KEY", hide_env_values = true)]
     admin_api_key: Option<String>,
-    /// When a write is acknowledged.
+    /// When a write is acknowledged (the embedded store).
     #[arg(long, env = "CYCLES_DURABILITY", value_enum, default_value = "strict")]
     durability: DurabilityArg,
     /// How often lapsed reservations and keys are expired and old records evicted, in
@@ -227,10 +298,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map(Dashboard::open)
         .transpose()
         .context("--dashboard-dir / CYCLES_DASHBOARD_DIR")?;
-    let (admin_api_key, admin_key_note) = admin_key(&args.data_dir, args.admin_api_key)?;
-    let mut config = EmbeddedConfig::new(&args.data_dir, durability, Arc::new(SystemClock));
-    config.snapshot_after_bytes = args.snapshot_after_mib.max(1) << 20;
-    config.retention = Retention {
+    let (admin_api_key, admin_key_note) = admin_key(&args.data_dir, args.admin_api_key.clone())?;
+    let retention = Retention {
         authenticated_days: args.audit_retention_days,
         unauthenticated_days: args.audit_retention_unauthenticated_days,
         events_days: args.event_retention_days,
@@ -238,23 +307,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     // A memory-only server keeps nothing on disk: without given keys, its secrets are sealed
     // with a key of this process (they go when it does).
-    let webhook_keys = match durability {
-        Durability::None => given_webhook_keys(args.webhook_keys.as_deref())?.unwrap_or_default(),
-        Durability::Strict => webhook_keys(&args.data_dir, args.webhook_keys.as_deref())?,
+    let webhook_keys = match (args.store, durability) {
+        (StoreArg::Embedded, Durability::None) => {
+            given_webhook_keys(args.webhook_keys.as_deref())?.unwrap_or_default()
+        }
+        _ => webhook_keys(&args.data_dir, args.webhook_keys.as_deref())?,
     };
-    let opening = std::time::Instant::now();
-    let (store, report) = EmbeddedStore::open(config)
-        .with_context(|| format!("opening data directory {}", args.data_dir.display()))?;
-    tracing::info!(
-        durability = durability.as_str(),
-        snapshot_seq = ?report.snapshot_seq,
-        replayed = report.records_replayed,
-        truncated_bytes = report.truncated_bytes,
-        reservations = report.reservations,
-        history_reprojected = report.history_reprojected,
-        elapsed_ms = opening.elapsed().as_millis() as u64,
-        "store recovered"
-    );
+    let (store, storage) = match args.store {
+        StoreArg::Embedded => open_embedded(&args, durability, retention)?,
+        StoreArg::Redis => open_redis(&args, retention)?,
+    };
     let options = ServerOptions {
         listen: args.listen,
         admin_api_key,
@@ -285,9 +347,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "Cycles is listening on http://{addr} (storage: embedded, {} durability, data in {})",
-        durability.as_str(),
-        args.data_dir.display()
+        "Cycles is listening on http://{addr} (storage: {storage})"
     )?;
     if let Some(dir) = &args.dashboard_dir {
         writeln!(
@@ -305,6 +365,101 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     bound.run(shutdown_signal()).await?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Opens the embedded store; answers it with how the startup line names it.
+fn open_embedded(
+    args: &ServeArgs,
+    durability: Durability,
+    retention: Retention,
+) -> anyhow::Result<(store::Engine, String)> {
+    let mut config = EmbeddedConfig::new(&args.data_dir, durability, Arc::new(SystemClock));
+    config.snapshot_after_bytes = args.snapshot_after_mib.max(1) << 20;
+    config.retention = retention;
+    let opening = std::time::Instant::now();
+    let (store, report) = EmbeddedStore::open(config)
+        .with_context(|| format!("opening data directory {}", args.data_dir.display()))?;
+    tracing::info!(
+        durability = durability.as_str(),
+        snapshot_seq = ?report.snapshot_seq,
+        replayed = report.records_replayed,
+        truncated_bytes = report.truncated_bytes,
+        reservations = report.reservations,
+        history_reprojected = report.history_reprojected,
+        elapsed_ms = opening.elapsed().as_millis() as u64,
+        "store recovered"
+    );
+    let storage = format!(
+        "embedded, {} durability, data in {}",
+        durability.as_str(),
+        args.data_dir.display()
+    );
+    Ok((store.into(), storage))
+}
+
+/// Opens the Redis engine; answers it with how the startup line names it.
+fn open_redis(args: &ServeArgs, retention: Retention) -> anyhow::Result<(store::Engine, String)> {
+    let r = &args.redis;
+    let t = &r.target;
+    let mut config = RedisConfig::new(
+        t.redis_url.clone(),
+        args.data_dir.join("redis-history"),
+        Arc::new(SystemClock),
+    );
+    config.cluster = t.redis_cluster;
+    config.namespace = t.redis_namespace.clone();
+    config.durability = r.durability();
+    config.timeout = Duration::from_millis(r.redis_timeout_ms);
+    config.lease = Duration::from_millis(r.redis_lease_ms);
+    config.retention = retention;
+    let opening = std::time::Instant::now();
+    let (store, report) = RedisStore::open(config).context("opening the Redis engine")?;
+    if let Some(settings) = &report.settings {
+        tracing::info!(
+            ledger = %report.ledger,
+            created = report.created,
+            records = report.records,
+            appendonly = %settings.appendonly,
+            appendfsync = %settings.appendfsync,
+            elapsed_ms = opening.elapsed().as_millis() as u64,
+            "store loaded from redis"
+        );
+    }
+    if args.admin_api_key.is_none() || args.webhook_keys.is_none() {
+        tracing::warn!(
+            "every instance on one ledger needs the same admin key and webhook keys: give \
+             --admin-api-key and --webhook-keys to each (generated ones are this instance's)"
+        );
+    }
+    let storage = format!(
+        "redis, ledger '{}' at {}, {} durability",
+        t.redis_namespace,
+        redacted(&t.redis_url),
+        r.durability().as_str()
+    );
+    Ok((store.into(), storage))
+}
+
+impl RedisArgs {
+    fn durability(&self) -> RedisDurability {
+        match self.redis_durability {
+            RedisDurabilityArg::Aof => RedisDurability::Aof,
+            RedisDurabilityArg::None => RedisDurability::None,
+        }
+    }
+}
+
+/// A Redis URL without its password, for the startup line.
+fn redacted(url: &str) -> String {
+    url.split(',')
+        .map(|node| match (node.find("://"), node.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}***{}", &node[..scheme + 3], &node[at..])
+            }
+            _ => node.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The admin key: given, or stored in the data directory, or generated (and stored).

@@ -4,6 +4,8 @@ use std::path::Path;
 
 use anyhow::bail;
 
+use crate::serve::RedisTarget;
+
 pub fn run(data_dir: &Path) -> anyhow::Result<()> {
     if !data_dir.is_dir() {
         bail!("{} is not a data directory", data_dir.display());
@@ -23,11 +25,34 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
         "budgets: {budgets}, reservations: {}",
         recovered.state.reservation_count()
     );
+    report(&violations)
+}
+
+/// Reads a Redis engine's ledger (its whole log, read-only) and checks it.
+pub fn run_redis(target: &RedisTarget) -> anyhow::Result<()> {
+    let (records, state, violations) = store::redis::verify(
+        &target.redis_url,
+        target.redis_cluster,
+        &target.redis_namespace,
+    )?;
+    println!(
+        "ledger '{}': log records read: {records}",
+        target.redis_namespace
+    );
+    println!(
+        "budgets: {}, reservations: {}",
+        state.budgets().count(),
+        state.reservation_count()
+    );
+    report(&violations)
+}
+
+fn report(violations: &[ledger::Violation]) -> anyhow::Result<()> {
     if violations.is_empty() {
         println!("OK: every budget satisfies remaining = allocated - spent - reserved - debt, and reserved equals its ACTIVE holds");
         return Ok(());
     }
-    for v in &violations {
+    for v in violations {
         println!("VIOLATION: {}", v.0);
     }
     bail!("{} violation(s)", violations.len())

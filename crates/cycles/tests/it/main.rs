@@ -6,3 +6,4 @@ mod crash;
 mod events_crash;
 mod logs;
 mod process;
+mod redis_storm;

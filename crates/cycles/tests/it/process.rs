@@ -8,6 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub const ADMIN_KEY: &str = "process-test-admin-key";
+/// The webhook key every instance of one Redis ledger is given.
+const WEBHOOK_KEY: &str = "0101010101010101010101010101010101010101010101010101010101010101";
 
 /// A running `cycles serve`; killed if still running when dropped (a failed test must not
 /// leave it behind).
@@ -27,6 +29,44 @@ impl Server {
     /// port is picked by binding port 0 and letting go, so another process may take it in
     /// between: a start whose process exits early is retried on another port.
     pub async fn start(data_dir: &Path, logs: &Path) -> Server {
+        let args = [
+            "--durability",
+            "strict",
+            // The smallest snapshot threshold, so crashes also land around rotations
+            // and background snapshots.
+            "--snapshot-after-mib",
+            "1",
+            // Settled reservations leave memory for the history store at once, so
+            // crashes also land while rows move to disk.
+            "--archive-after-ms",
+            "0",
+        ];
+        Server::start_with(data_dir, logs, &args).await
+    }
+
+    /// Starts the server on the Redis engine: the ledger `namespace` at `url`, a Redis that
+    /// need keep nothing on disk.
+    pub async fn start_redis(data_dir: &Path, logs: &Path, url: &str, namespace: &str) -> Server {
+        let args = [
+            "--store",
+            "redis",
+            "--redis-url",
+            url,
+            "--redis-namespace",
+            namespace,
+            "--redis-durability",
+            "none",
+            // Generous: the machines that run the suite are shared and loaded.
+            "--redis-timeout-ms",
+            "2000",
+            "--webhook-keys",
+            WEBHOOK_KEY,
+        ];
+        Server::start_with(data_dir, logs, &args).await
+    }
+
+    /// Starts the server with `args` after the common ones (see [`Server::start`]).
+    async fn start_with(data_dir: &Path, logs: &Path, args: &[&str]) -> Server {
         let http = client();
         for attempt in 0..3 {
             let port = free_port();
@@ -36,13 +76,9 @@ impl Server {
                 .args(["--listen", &format!("127.0.0.1:{port}")])
                 .arg("--data-dir")
                 .arg(data_dir)
-                .args(["--admin-api-key", ADMIN_KEY, "--durability", "strict"])
-                // The smallest snapshot threshold, so crashes also land around rotations
-                // and background snapshots.
-                .args(["--snapshot-after-mib", "1", "--log", "info"])
-                // Settled reservations leave memory for the history store at once, so
-                // crashes also land while rows move to disk.
-                .args(["--archive-after-ms", "0", "--sweep-interval-ms", "100"])
+                .args(["--admin-api-key", ADMIN_KEY, "--log", "info"])
+                .args(["--sweep-interval-ms", "100"])
+                .args(args)
                 .stdout(Stdio::null())
                 .stderr(File::create(&log).expect("log file"))
                 .spawn()

@@ -313,6 +313,40 @@ impl Drop for RedisStore {
     }
 }
 
+/// Reads a ledger's whole log from Redis, read-only (no lease is taken, nothing is
+/// written), and checks the ledger's rules on the state it makes. Answers the records read,
+/// the state and what it breaks.
+pub fn verify(
+    url: &str,
+    cluster: bool,
+    namespace: &str,
+) -> io::Result<(u64, ledger::State, Vec<ledger::Violation>)> {
+    let fail = |e: log::LogError| io::Error::other(e.to_string());
+    let mut conn =
+        log::Conn::open(url, cluster, Duration::from_secs(10)).map_err(|e| fail(e.into()))?;
+    let log = log::Log::new(namespace, String::new());
+    match log.init(&mut conn, "", false) {
+        Ok(_) => {}
+        Err(log::LogError::Refused(log::Refused::Wiped)) => {
+            return Err(io::Error::other(format!(
+                "no ledger named '{namespace}' in this Redis (or its marker is gone)"
+            )))
+        }
+        Err(e) => return Err(fail(e)),
+    }
+    let mut state = ledger::State::new();
+    let mut records = 0;
+    log.read_after(&mut conn, 0, |record| {
+        records += 1;
+        for effect in &record.effects {
+            state.apply_effect(effect);
+        }
+    })
+    .map_err(fail)?;
+    let violations = state.verify();
+    Ok((records, state, violations))
+}
+
 /// Counters shared with `/metrics`.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {

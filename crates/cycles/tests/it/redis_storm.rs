@@ -1,0 +1,372 @@
+//! Many `cycles serve` processes on one Redis ledger: a storm of concurrent lifecycles from
+//! 200 clients, every operation sent to another instance than the last, on one shared
+//! budget and on a budget per client. Nothing is oversubscribed, every client gets an
+//! answer the protocol allows (a hold, or a refusal for want of budget: never an error),
+//! every instance reports the same balances, and they reconcile exactly with what the
+//! clients were told.
+//!
+//! Needs a Redis: `CYCLES_TEST_REDIS_URL` (`.ci/run` sets it); without it the test passes
+//! without running, saying so.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use crate::process::{client, Server, ADMIN_KEY};
+
+const INSTANCES: usize = 3;
+const CLIENTS: usize = 200;
+const LIFECYCLES: usize = 5;
+const UNIT: &str = "USD_MICROCENTS";
+const ESTIMATE: i64 = 1_000;
+/// The shared budget covers about a fifth of what the clients commit (their commits charge
+/// half an estimate on average): most of the storm runs with the budget nearly exhausted,
+/// where an oversubscription would show.
+const SHARED_ALLOCATED: i64 = (CLIENTS * LIFECYCLES) as i64 * ESTIMATE / 10;
+/// Each client's own budget covers three of its five holds.
+const OWN_ALLOCATED: i64 = 3 * ESTIMATE;
+
+fn redis_url() -> Option<String> {
+    let url = std::env::var("CYCLES_TEST_REDIS_URL").ok();
+    if url.is_none() {
+        eprintln!("skipped: the Redis engine's storm needs CYCLES_TEST_REDIS_URL");
+    }
+    url
+}
+
+/// A ledger of this test's own in the shared Redis.
+fn namespace(name: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("cycles-storm-{name}-{}-{nanos}", std::process::id())
+}
+
+async fn call(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    who: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let url = format!("{base}{path}");
+    let mut req = match &body {
+        Some(_) => http.post(url),
+        None => http.get(url),
+    };
+    req = match who {
+        None => req.header("X-Admin-API-Key", ADMIN_KEY),
+        Some(key) => req.header("X-Cycles-API-Key", key),
+    };
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// A tenant with a key and the given budgets; answers the key's secret.
+async fn provision(base: &str, tenant: &str, budgets: &[(String, i64)]) -> String {
+    let http = client();
+    let (s, b) = call(
+        &http,
+        base,
+        "/v1/admin/tenants",
+        None,
+        Some(json!({"tenant_id": tenant, "name": tenant})),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let (s, key) = call(
+        &http,
+        base,
+        "/v1/admin/api-keys",
+        None,
+        Some(json!({"tenant_id": tenant, "name": "storm"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{key}");
+    for (scope, allocated) in budgets {
+        let body = json!({
+            "tenant_id": tenant,
+            "scope": scope,
+            "unit": UNIT,
+            "allocated": {"unit": UNIT, "amount": allocated},
+        });
+        let (s, b) = call(&http, base, "/v1/admin/budgets", None, Some(body)).await;
+        assert_eq!(s, 201, "{b}");
+    }
+    key["key_secret"].as_str().expect("secret").to_string()
+}
+
+/// What one client was told.
+#[derive(Debug, Default)]
+struct Told {
+    /// Per budgeted scope: the amounts committed.
+    charged: i64,
+    holds: usize,
+    refusals: usize,
+    /// Anything else: an error the storm must never see.
+    unexpected: Vec<(u16, Value)>,
+}
+
+/// One client: reserve → commit (or release, one time in five), each call to the next
+/// instance in turn.
+async fn lifecycles(bases: Arc<Vec<String>>, key: String, subject: Value, name: String) -> Told {
+    let http = client();
+    let mut told = Told::default();
+    let mut turn = name.len();
+    let mut next = || {
+        turn += 1;
+        bases[turn % bases.len()].clone()
+    };
+    for n in 0..LIFECYCLES {
+        let body = json!({
+            "idempotency_key": format!("{name}-r{n}"),
+            "subject": subject,
+            "action": {"kind": "llm.completion", "name": "model"},
+            "estimate": {"unit": UNIT, "amount": ESTIMATE},
+        });
+        let (status, reply) =
+            call(&http, &next(), "/v1/reservations", Some(&key), Some(body)).await;
+        if status == 409 && reply["error"] == "BUDGET_EXCEEDED" {
+            told.refusals += 1;
+            continue;
+        }
+        let Some(id) = reply["reservation_id"].as_str().filter(|_| status == 200) else {
+            told.unexpected.push((status, reply));
+            continue;
+        };
+        told.holds += 1;
+        let (path, body) = if n % 5 == 4 {
+            (
+                "release",
+                json!({"idempotency_key": format!("{name}-x{n}")}),
+            )
+        } else {
+            let actual = 1 + (n as i64 * 211 + name.len() as i64) % ESTIMATE;
+            let body = json!({
+                "idempotency_key": format!("{name}-c{n}"),
+                "actual": {"unit": UNIT, "amount": actual},
+            });
+            ("commit", body)
+        };
+        let url = format!("/v1/reservations/{id}/{path}");
+        let (status, reply) = call(&http, &next(), &url, Some(&key), Some(body)).await;
+        match (status, path) {
+            (200, "commit") => {
+                told.charged += reply["charged"]["amount"].as_i64().expect("charged")
+            }
+            (200, _) => {}
+            _ => told.unexpected.push((status, reply)),
+        }
+    }
+    told
+}
+
+/// Every instance's view of one budget: (allocated, remaining, reserved, spent, debt).
+async fn balance(bases: &[String], key: &str, scope_param: &str) -> Vec<[i64; 5]> {
+    let http = client();
+    let mut views = Vec::new();
+    for base in bases {
+        let (status, body) = call(
+            &http,
+            base,
+            &format!("/v1/balances?{scope_param}"),
+            Some(key),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let b = &body["balances"][0];
+        let n = |f: &str| b[f]["amount"].as_i64().unwrap_or(0);
+        views.push([
+            n("allocated"),
+            n("remaining"),
+            n("reserved"),
+            n("spent"),
+            n("debt"),
+        ]);
+    }
+    views
+}
+
+/// Each instance wrote: it took the writer's lease, and handed it on when asked.
+async fn assert_every_instance_wrote(bases: &[String]) {
+    let http = client();
+    for base in bases {
+        let (status, text) = call(&http, base, "/metrics", None, None).await;
+        assert_eq!(status, 200);
+        let text = text.as_str().expect("metrics text").to_string();
+        let counter = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} not on /metrics"))
+        };
+        assert!(
+            counter("cycles_redis_rounds_total ") > 0,
+            "{base} never wrote"
+        );
+        assert!(
+            counter("cycles_redis_leases_total ") > 1,
+            "{base} took the lease once only"
+        );
+    }
+}
+
+fn assert_verify_ok(url: &str, namespace: &str) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cycles"))
+        .args([
+            "verify",
+            "--store",
+            "redis",
+            "--redis-url",
+            url,
+            "--redis-namespace",
+            namespace,
+        ])
+        .output()
+        .expect("run cycles verify");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("OK"),
+        "cycles verify --store redis failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+struct Fleet {
+    servers: Vec<Server>,
+    bases: Arc<Vec<String>>,
+    _dirs: Vec<TempDir>,
+}
+
+async fn fleet(url: &str, namespace: &str) -> Fleet {
+    let mut servers = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..INSTANCES {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        servers.push(Server::start_redis(&data, dir.path(), url, namespace).await);
+        dirs.push(dir);
+    }
+    let bases = Arc::new(servers.iter().map(|s| s.base.clone()).collect());
+    Fleet {
+        servers,
+        bases,
+        _dirs: dirs,
+    }
+}
+
+async fn storm(fleet: &Fleet, key: &str, subject_of: impl Fn(usize) -> Value) -> Vec<Told> {
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let task = lifecycles(
+                fleet.bases.clone(),
+                key.to_string(),
+                subject_of(c),
+                format!("client{c}"),
+            );
+            tokio::spawn(task)
+        })
+        .collect();
+    let mut told = Vec::new();
+    for task in tasks {
+        told.push(task.await.expect("client"));
+    }
+    for t in &told {
+        assert!(
+            t.unexpected.is_empty(),
+            "answers the storm must never see: {:?}",
+            t.unexpected
+        );
+    }
+    told
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_sharing_one_budget_never_oversubscribe_it() {
+    let Some(url) = redis_url() else { return };
+    let namespace = namespace("shared");
+    let fleet = fleet(&url, &namespace).await;
+    let budgets = [("tenant:storm".to_string(), SHARED_ALLOCATED)];
+    let key = provision(&fleet.bases[0], "storm", &budgets).await;
+    let told = storm(&fleet, &key, |_| json!({"tenant": "storm"})).await;
+    let charged: i64 = told.iter().map(|t| t.charged).sum();
+    let holds: usize = told.iter().map(|t| t.holds).sum();
+    let refusals: usize = told.iter().map(|t| t.refusals).sum();
+    assert!(
+        refusals > 0,
+        "the storm must run the budget dry (holds {holds})"
+    );
+    assert!(
+        holds >= (SHARED_ALLOCATED / ESTIMATE) as usize,
+        "holds {holds}"
+    );
+    let views = balance(&fleet.bases, &key, "tenant=storm").await;
+    for view in &views {
+        assert_eq!(view, &views[0], "every instance reports the same balance");
+    }
+    let [allocated, remaining, reserved, spent, debt] = views[0];
+    assert_eq!(allocated, SHARED_ALLOCATED);
+    assert_eq!((reserved, debt), (0, 0), "every hold settled, no debt");
+    assert_eq!(
+        spent, charged,
+        "spent is exactly what the clients were told they were charged"
+    );
+    assert_eq!(remaining, allocated - spent);
+    assert!(remaining >= 0);
+    assert_every_instance_wrote(&fleet.bases).await;
+    assert_verify_ok(&url, &namespace);
+    drop(fleet.servers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_keep_every_clients_own_budget_exact() {
+    let Some(url) = redis_url() else { return };
+    let namespace = namespace("isolated");
+    let fleet = fleet(&url, &namespace).await;
+    let scope = |c: usize| format!("tenant:iso/workspace:w{c}");
+    let budgets: Vec<(String, i64)> = (0..CLIENTS).map(|c| (scope(c), OWN_ALLOCATED)).collect();
+    let key = provision(&fleet.bases[0], "iso", &budgets).await;
+    let told = storm(
+        &fleet,
+        &key,
+        |c| json!({"tenant": "iso", "workspace": format!("w{c}")}),
+    )
+    .await;
+    for (c, t) in told.iter().enumerate() {
+        // Three holds fit; the other two are refused (or fit after a release).
+        assert!(
+            t.holds >= 3 && t.holds + t.refusals == LIFECYCLES,
+            "client {c}: {t:?}"
+        );
+        let views = balance(&fleet.bases, &key, &format!("tenant=iso&workspace=w{c}")).await;
+        for view in &views {
+            assert_eq!(
+                view, &views[0],
+                "client {c}: every instance reports the same balance"
+            );
+        }
+        let [allocated, remaining, reserved, spent, debt] = views[0];
+        assert_eq!(
+            (allocated, reserved, debt),
+            (OWN_ALLOCATED, 0, 0),
+            "client {c}"
+        );
+        assert_eq!(spent, t.charged, "client {c}");
+        assert_eq!(remaining, allocated - spent, "client {c}");
+    }
+    assert_every_instance_wrote(&fleet.bases).await;
+    assert_verify_ok(&url, &namespace);
+    drop(fleet.servers);
+}
