@@ -44,10 +44,16 @@ impl Server {
         Server::start_with(data_dir, logs, &args).await
     }
 
-    /// Starts the server on the Redis engine: the ledger `namespace` at `url`, a Redis that
-    /// need keep nothing on disk.
-    pub async fn start_redis(data_dir: &Path, logs: &Path, url: &str, namespace: &str) -> Server {
-        let args = [
+    /// Starts the server on the Redis engine: the ledger `namespace` at `url` (a Redis
+    /// Cluster's nodes with `cluster`), a Redis that need keep nothing on disk.
+    pub async fn start_redis(
+        data_dir: &Path,
+        logs: &Path,
+        url: &str,
+        cluster: bool,
+        namespace: &str,
+    ) -> Server {
+        let mut args = vec![
             "--store",
             "redis",
             "--redis-url",
@@ -62,6 +68,9 @@ impl Server {
             "--webhook-keys",
             WEBHOOK_KEY,
         ];
+        if cluster {
+            args.push("--redis-cluster");
+        }
         Server::start_with(data_dir, logs, &args).await
     }
 

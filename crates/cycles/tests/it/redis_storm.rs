@@ -5,7 +5,8 @@
 //! every instance reports the same balances, and they reconcile exactly with what the
 //! clients were told.
 //!
-//! Needs a Redis: `CYCLES_TEST_REDIS_URL` (`.ci/run` sets it); without it the test passes
+//! Needs a Redis: `CYCLES_TEST_REDIS_URL`, and a Redis Cluster for the shared budget on
+//! one: `CYCLES_TEST_REDIS_CLUSTER_URL` (`.ci/run` sets both); without them the tests pass
 //! without running, saying so.
 
 use std::process::Command;
@@ -29,10 +30,12 @@ const SHARED_ALLOCATED: i64 = (CLIENTS * LIFECYCLES) as i64 * ESTIMATE / 10;
 /// Each client's own budget covers three of its five holds.
 const OWN_ALLOCATED: i64 = 3 * ESTIMATE;
 
-fn redis_url() -> Option<String> {
-    let url = std::env::var("CYCLES_TEST_REDIS_URL").ok();
+fn redis_url(var: &str) -> Option<String> {
+    let url = std::env::var(var).ok();
     if url.is_none() {
-        eprintln!("skipped: the Redis engine's storm needs CYCLES_TEST_REDIS_URL");
+        // In CI every storm must run: a missing server is a failure, not a skip.
+        assert!(std::env::var_os("CI").is_none(), "{var} is not set in CI");
+        eprintln!("skipped: this storm needs {var}");
     }
     url
 }
@@ -222,19 +225,14 @@ async fn assert_every_instance_wrote(bases: &[String]) {
     }
 }
 
-fn assert_verify_ok(url: &str, namespace: &str) {
-    let output = Command::new(env!("CARGO_BIN_EXE_cycles"))
-        .args([
-            "verify",
-            "--store",
-            "redis",
-            "--redis-url",
-            url,
-            "--redis-namespace",
-            namespace,
-        ])
-        .output()
-        .expect("run cycles verify");
+fn assert_verify_ok(fleet: &Fleet) {
+    let mut verify = Command::new(env!("CARGO_BIN_EXE_cycles"));
+    verify.args(["verify", "--store", "redis", "--redis-url", &fleet.url]);
+    verify.args(["--redis-namespace", &fleet.namespace]);
+    if fleet.cluster {
+        verify.arg("--redis-cluster");
+    }
+    let output = verify.output().expect("run cycles verify");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.contains("OK"),
@@ -247,22 +245,41 @@ fn assert_verify_ok(url: &str, namespace: &str) {
 struct Fleet {
     servers: Vec<Server>,
     bases: Arc<Vec<String>>,
+    url: String,
+    cluster: bool,
+    namespace: String,
     _dirs: Vec<TempDir>,
 }
 
-async fn fleet(url: &str, namespace: &str) -> Fleet {
+impl Drop for Fleet {
+    /// The servers stop first, then the ledger goes from Redis.
+    fn drop(&mut self) {
+        self.servers.clear();
+        let deleted = store::redis::delete_ledger(&self.url, self.cluster, &self.namespace);
+        if let Err(e) = deleted {
+            eprintln!("the storm's ledger {} was not deleted: {e}", self.namespace);
+        }
+    }
+}
+
+/// `INSTANCES` servers on a new ledger named after `name`.
+async fn fleet(url: String, cluster: bool, name: &str) -> Fleet {
+    let namespace = namespace(name);
     let mut servers = Vec::new();
     let mut dirs = Vec::new();
     for _ in 0..INSTANCES {
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().join("data");
-        servers.push(Server::start_redis(&data, dir.path(), url, namespace).await);
+        servers.push(Server::start_redis(&data, dir.path(), &url, cluster, &namespace).await);
         dirs.push(dir);
     }
     let bases = Arc::new(servers.iter().map(|s| s.base.clone()).collect());
     Fleet {
         servers,
         bases,
+        url,
+        cluster,
+        namespace,
         _dirs: dirs,
     }
 }
@@ -295,9 +312,21 @@ async fn storm(fleet: &Fleet, key: &str, subject_of: impl Fn(usize) -> Value) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instances_sharing_one_budget_never_oversubscribe_it() {
-    let Some(url) = redis_url() else { return };
-    let namespace = namespace("shared");
-    let fleet = fleet(&url, &namespace).await;
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    shared_budget_storm(fleet(url, false, "shared").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_on_a_redis_cluster_share_one_budget_exactly() {
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    shared_budget_storm(fleet(url, true, "cluster").await).await;
+}
+
+async fn shared_budget_storm(fleet: Fleet) {
     let budgets = [("tenant:storm".to_string(), SHARED_ALLOCATED)];
     let key = provision(&fleet.bases[0], "storm", &budgets).await;
     let told = storm(&fleet, &key, |_| json!({"tenant": "storm"})).await;
@@ -326,15 +355,15 @@ async fn instances_sharing_one_budget_never_oversubscribe_it() {
     assert_eq!(remaining, allocated - spent);
     assert!(remaining >= 0);
     assert_every_instance_wrote(&fleet.bases).await;
-    assert_verify_ok(&url, &namespace);
-    drop(fleet.servers);
+    assert_verify_ok(&fleet);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instances_keep_every_clients_own_budget_exact() {
-    let Some(url) = redis_url() else { return };
-    let namespace = namespace("isolated");
-    let fleet = fleet(&url, &namespace).await;
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    let fleet = fleet(url, false, "isolated").await;
     let scope = |c: usize| format!("tenant:iso/workspace:w{c}");
     let budgets: Vec<(String, i64)> = (0..CLIENTS).map(|c| (scope(c), OWN_ALLOCATED)).collect();
     let key = provision(&fleet.bases[0], "iso", &budgets).await;
@@ -367,6 +396,5 @@ async fn instances_keep_every_clients_own_budget_exact() {
         assert_eq!(remaining, allocated - spent, "client {c}");
     }
     assert_every_instance_wrote(&fleet.bases).await;
-    assert_verify_ok(&url, &namespace);
-    drop(fleet.servers);
+    assert_verify_ok(&fleet);
 }

@@ -108,7 +108,7 @@ impl Keys {
         }
     }
 
-    /// Every key, for a test that removes a ledger.
+    /// Every key of the ledger.
     pub fn all(&self) -> [&str; 5] {
         [
             &self.marker,

@@ -38,7 +38,8 @@ use tokio::sync::oneshot;
 use crate::history::{History, Projector, Retention};
 use crate::{AuditFacts, Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
 
-pub use log::{Keys, Settings};
+use log::Keys;
+pub use log::Settings;
 use writer::{Ctx, Job, Outcome, Shared, Writer};
 
 /// How long a read of the history waits for the entries of changes the instance has read.
@@ -345,6 +346,20 @@ pub fn verify(
     .map_err(fail)?;
     let violations = state.verify();
     Ok((records, state, violations))
+}
+
+/// Deletes a ledger from Redis: every key of `namespace`, for good. For tests, which each
+/// run on a ledger of their own; an instance still serving it refuses to go on (its marker
+/// is gone).
+pub fn delete_ledger(url: &str, cluster: bool, namespace: &str) -> io::Result<()> {
+    let fail = |e: ::redis::RedisError| io::Error::other(e.to_string());
+    let mut conn = log::Conn::open(url, cluster, Duration::from_secs(10)).map_err(fail)?;
+    let mut del = ::redis::cmd("DEL");
+    for key in Keys::new(namespace).all() {
+        del.arg(key);
+    }
+    del.query::<i64>(conn.link()).map_err(fail)?;
+    Ok(())
 }
 
 /// Counters shared with `/metrics`.

@@ -20,6 +20,25 @@ use tokio::task::JoinHandle;
 pub const ADMIN_KEY: &str = "test-admin-key";
 /// Points the Redis engine's tests at a Redis (`.ci/run` always sets it).
 pub const REDIS_URL_ENV: &str = "CYCLES_TEST_REDIS_URL";
+/// Points them at a Redis Cluster too (`.ci/run` starts one and sets it).
+pub const REDIS_CLUSTER_URL_ENV: &str = "CYCLES_TEST_REDIS_CLUSTER_URL";
+
+/// A test's ledger in a Redis, deleted when the test's server goes.
+#[derive(Debug, Clone)]
+struct TestLedger {
+    url: String,
+    cluster: bool,
+    namespace: String,
+}
+
+impl Drop for TestLedger {
+    fn drop(&mut self) {
+        let deleted = store::redis::delete_ledger(&self.url, self.cluster, &self.namespace);
+        if let Err(e) = deleted {
+            eprintln!("the test ledger {} was not deleted: {e}", self.namespace);
+        }
+    }
+}
 /// A fixed start time, so expiry arithmetic in tests is exact.
 pub const T0: i64 = 1_800_000_000_000;
 
@@ -34,21 +53,30 @@ pub enum Engine {
     /// The Redis engine on the Redis at `CYCLES_TEST_REDIS_URL`, each test on a ledger of
     /// its own (its namespace is the test's temporary directory's name).
     Redis,
+    /// The Redis engine on the Redis Cluster at `CYCLES_TEST_REDIS_CLUSTER_URL` (its nodes,
+    /// comma-separated).
+    RedisCluster,
 }
 
 impl Engine {
-    /// Opens this engine's store, keeping any files in `dir` and reading time from `clock`.
-    fn open(self, dir: &Path, clock: Arc<ManualClock>) -> store::Engine {
+    /// Opens this engine's store, keeping any files in `dir` and reading time from `clock`
+    /// (a Redis engine's on `ledger`).
+    fn open(
+        self,
+        dir: &Path,
+        clock: Arc<ManualClock>,
+        ledger: Option<&TestLedger>,
+    ) -> store::Engine {
         match self {
             Engine::Embedded => {
                 let config = EmbeddedConfig::new(dir, Durability::Strict, clock);
                 EmbeddedStore::open(config).expect("open store").0.into()
             }
-            Engine::Redis => {
-                let url = std::env::var(REDIS_URL_ENV).expect("checked by is_available");
-                let namespace = dir.file_name().expect("a temporary directory's name");
-                let mut config = RedisConfig::new(url, dir.join("history"), clock);
-                config.namespace = format!("cycles-test-{}", namespace.to_string_lossy());
+            Engine::Redis | Engine::RedisCluster => {
+                let ledger = ledger.expect("a Redis engine has a ledger");
+                let mut config = RedisConfig::new(ledger.url.clone(), dir.join("history"), clock);
+                config.cluster = ledger.cluster;
+                config.namespace = ledger.namespace.clone();
                 // The test Redis need not persist anything: what is tested is the engine.
                 config.durability = RedisDurability::None;
                 // Generous: the machines that run the suite are shared and loaded.
@@ -58,6 +86,23 @@ impl Engine {
         }
     }
 
+    /// The ledger a test on a Redis engine runs on: its own, named after the test's
+    /// temporary directory.
+    fn ledger(self, dir: &Path) -> Option<TestLedger> {
+        let cluster = match self {
+            Engine::Embedded => return None,
+            Engine::Redis => false,
+            Engine::RedisCluster => true,
+        };
+        let var = self.server_env()?;
+        let name = dir.file_name().expect("a temporary directory's name");
+        Some(TestLedger {
+            url: std::env::var(var).expect("checked by is_available"),
+            cluster,
+            namespace: format!("cycles-test-{}", name.to_string_lossy()),
+        })
+    }
+
     /// The environment variable that points this engine at its outside server, for an engine
     /// that needs one (a Redis engine: `CYCLES_TEST_REDIS_URL`). Where it is unset, the
     /// engine's tests pass without running, so the suite runs anywhere.
@@ -65,13 +110,19 @@ impl Engine {
         match self {
             Engine::Embedded => None,
             Engine::Redis => Some(REDIS_URL_ENV),
+            Engine::RedisCluster => Some(REDIS_CLUSTER_URL_ENV),
         }
     }
 
-    /// Whether this engine can run here; says on stderr why not when it cannot.
+    /// Whether this engine can run here; says on stderr why not when it cannot. In CI
+    /// (`CI` set) every engine must run: a missing server is a failure, not a skip.
     pub fn is_available(self) -> bool {
         match self.server_env() {
             Some(var) if std::env::var_os(var).is_none() => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "{var} is not set: in CI the {self:?} engine's tests must run"
+                );
                 eprintln!("skipped: the {self:?} engine needs {var}");
                 false
             }
@@ -89,6 +140,7 @@ macro_rules! engine_tests {
         $crate::engine_tests!(@engines [$($name),*]
             embedded => Embedded,
             redis => Redis,
+            redis_cluster => RedisCluster,
         );
     };
     (@engines $names:tt $($module:ident => $engine:ident,)*) => {
@@ -174,6 +226,8 @@ pub struct TestServer {
     task: Option<JoinHandle<std::io::Result<()>>>,
     /// The data directory, removed when the server is dropped.
     _dir: TempDir,
+    /// A Redis engine's ledger, deleted when the server is dropped.
+    _ledger: Option<TestLedger>,
 }
 
 impl TestServer {
@@ -183,7 +237,11 @@ impl TestServer {
 
     /// A server whose options `configure` changes from the defaults (a rate limit, say).
     pub async fn start_with(engine: Engine, configure: impl FnOnce(&mut ServerOptions)) -> Self {
-        Self::start_on(|dir, clock| engine.open(dir, clock), configure).await
+        let open = |dir: &Path, clock| {
+            let ledger = engine.ledger(dir);
+            (engine.open(dir, clock, ledger.as_ref()), ledger)
+        };
+        Self::start_on(open, configure).await
     }
 
     /// A server on the embedded engine whose store `configure` changes (injected disk
@@ -192,18 +250,19 @@ impl TestServer {
         let open = |dir: &Path, clock: Arc<ManualClock>| {
             let mut config = EmbeddedConfig::new(dir, Durability::Strict, clock);
             configure(&mut config);
-            EmbeddedStore::open(config).expect("open store").0.into()
+            let store = EmbeddedStore::open(config).expect("open store").0.into();
+            (store, None)
         };
         Self::start_on(open, |_| {}).await
     }
 
     async fn start_on(
-        open: impl FnOnce(&Path, Arc<ManualClock>) -> store::Engine,
+        open: impl FnOnce(&Path, Arc<ManualClock>) -> (store::Engine, Option<TestLedger>),
         configure: impl FnOnce(&mut ServerOptions),
     ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(ManualClock::new(T0));
-        let store = open(dir.path(), clock.clone());
+        let (store, ledger) = open(dir.path(), clock.clone());
         let mut options = ServerOptions {
             listen: "127.0.0.1:0".parse().expect("addr"),
             admin_api_key: ADMIN_KEY.into(),
@@ -235,6 +294,7 @@ impl TestServer {
             shutdown: Some(tx),
             task: Some(task),
             _dir: dir,
+            _ledger: ledger,
         }
     }
 
