@@ -6,4 +6,5 @@ mod crash;
 mod events_crash;
 mod logs;
 mod process;
+mod redis_faults;
 mod redis_storm;

@@ -18,8 +18,35 @@ pub struct Server {
     pub base: String,
 }
 
+/// How a server on the Redis engine is started (see [`Server::start_redis`]).
+pub struct RedisServe<'a> {
+    pub url: &'a str,
+    pub cluster: bool,
+    pub namespace: &'a str,
+    /// `aof` or `none`.
+    pub durability: &'a str,
+    pub timeout_ms: &'a str,
+    /// Whether to wait until the store is ready (false: until the process answers).
+    pub ready: bool,
+}
+
+impl<'a> RedisServe<'a> {
+    /// A ledger on a Redis that need keep nothing on disk, with a timeout generous enough
+    /// for the loaded machines that run the suite.
+    pub fn new(url: &'a str, cluster: bool, namespace: &'a str) -> Self {
+        RedisServe {
+            url,
+            cluster,
+            namespace,
+            durability: "none",
+            timeout_ms: "2000",
+            ready: true,
+        }
+    }
+}
+
 /// A port that was free a moment ago.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
     listener.local_addr().expect("local addr").port()
 }
@@ -41,41 +68,40 @@ impl Server {
             "--archive-after-ms",
             "0",
         ];
-        Server::start_with(data_dir, logs, &args).await
+        Server::start_with(data_dir, logs, &args, "/actuator/health").await
     }
 
-    /// Starts the server on the Redis engine: the ledger `namespace` at `url` (a Redis
-    /// Cluster's nodes with `cluster`), a Redis that need keep nothing on disk.
-    pub async fn start_redis(
-        data_dir: &Path,
-        logs: &Path,
-        url: &str,
-        cluster: bool,
-        namespace: &str,
-    ) -> Server {
+    /// Starts the server on the Redis engine, as `redis` says.
+    pub async fn start_redis(data_dir: &Path, logs: &Path, redis: &RedisServe<'_>) -> Server {
         let mut args = vec![
             "--store",
             "redis",
             "--redis-url",
-            url,
+            redis.url,
             "--redis-namespace",
-            namespace,
+            redis.namespace,
             "--redis-durability",
-            "none",
-            // Generous: the machines that run the suite are shared and loaded.
+            redis.durability,
             "--redis-timeout-ms",
-            "2000",
+            redis.timeout_ms,
             "--webhook-keys",
             WEBHOOK_KEY,
         ];
-        if cluster {
+        if redis.cluster {
             args.push("--redis-cluster");
         }
-        Server::start_with(data_dir, logs, &args).await
+        // The store's health is DOWN while Redis cannot be reached: a server started
+        // without its Redis is waited for only until it answers at all.
+        let probe = match redis.ready {
+            true => "/actuator/health",
+            false => "/actuator/health/liveness",
+        };
+        Server::start_with(data_dir, logs, &args, probe).await
     }
 
-    /// Starts the server with `args` after the common ones (see [`Server::start`]).
-    async fn start_with(data_dir: &Path, logs: &Path, args: &[&str]) -> Server {
+    /// Starts the server with `args` after the common ones (see [`Server::start`]) and waits
+    /// until `probe` answers 200.
+    async fn start_with(data_dir: &Path, logs: &Path, args: &[&str], probe: &str) -> Server {
         let http = client();
         for attempt in 0..3 {
             let port = free_port();
@@ -100,7 +126,7 @@ impl Server {
                     eprintln!("cycles serve exited with {status} (attempt {attempt}):\n{output}");
                     break;
                 }
-                let health = http.get(format!("{base}/actuator/health")).send().await;
+                let health = http.get(format!("{base}{probe}")).send().await;
                 if health.is_ok_and(|r| r.status() == 200) {
                     return Server { child, base };
                 }

@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::process::{client, Server, ADMIN_KEY};
+use crate::process::{client, RedisServe, Server, ADMIN_KEY};
 
 const INSTANCES: usize = 3;
 const CLIENTS: usize = 200;
@@ -270,7 +270,8 @@ async fn fleet(url: String, cluster: bool, name: &str) -> Fleet {
     for _ in 0..INSTANCES {
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().join("data");
-        servers.push(Server::start_redis(&data, dir.path(), &url, cluster, &namespace).await);
+        let redis = RedisServe::new(&url, cluster, &namespace);
+        servers.push(Server::start_redis(&data, dir.path(), &redis).await);
         dirs.push(dir);
     }
     let bases = Arc::new(servers.iter().map(|s| s.base.clone()).collect());

@@ -1,0 +1,560 @@
+//! The Redis engine when its Redis fails: killed (-9) under load and restarted from its
+//! append-only file, paused, slowed, flushed, or not there yet at start. The server answers
+//! 503 quickly (never 401, never a guess), loses nothing Redis acknowledged, never doubles a
+//! hold when a request whose outcome it lost is retried, recovers by itself, and never
+//! serves a flushed ledger.
+//!
+//! Each test runs its own `redis-server` on a free loopback port in a temporary directory.
+//! Needs `redis-server` and `redis-cli` (`.ci/run` installs them); with `CYCLES_TEST_REDIS_URL`
+//! unset (no Redis on this machine) the tests pass without running, saying so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use crate::process::{client, free_port, RedisServe, Server, ADMIN_KEY};
+
+const TENANT: &str = "faults";
+const UNIT: &str = "USD_MICROCENTS";
+const ESTIMATE: i64 = 1_000;
+const NAMESPACE: &str = "cycles-faults";
+
+/// Whether this machine has a Redis to test against (the tests need its binaries).
+fn redis_here() -> bool {
+    let here = std::env::var_os("CYCLES_TEST_REDIS_URL").is_some();
+    if !here {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CYCLES_TEST_REDIS_URL is not set in CI"
+        );
+        eprintln!("skipped: the Redis fault tests need CYCLES_TEST_REDIS_URL (and redis-server)");
+    }
+    here
+}
+
+/// A `redis-server` of the test's own, with its append-only file synced at every write.
+struct RedisProcess {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl RedisProcess {
+    fn start(dir: &Path, port: u16) -> RedisProcess {
+        let mut redis = RedisProcess {
+            child: None,
+            port,
+            dir: dir.to_path_buf(),
+        };
+        redis.spawn();
+        redis
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .args(["--enable-debug-command", "yes"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.cli(&["ping"]).trim() != "PONG" {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL redis-server");
+            child.wait().expect("wait redis-server");
+        }
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn call(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    who: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let url = format!("{base}{path}");
+    let mut req = match &body {
+        Some(_) => http.post(url),
+        None => http.get(url),
+    };
+    req = match who {
+        None => req.header("X-Admin-API-Key", ADMIN_KEY),
+        Some(key) => req.header("X-Cycles-API-Key", key),
+    };
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    match req.send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            (
+                status,
+                serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            )
+        }
+        Err(e) => panic!("the server must answer while Redis fails: {e}"),
+    }
+}
+
+/// A tenant, a key and a budget of `allocated` at the tenant's scope; answers the key.
+async fn provision(base: &str, allocated: i64) -> String {
+    let http = client();
+    let (s, b) = call(
+        &http,
+        base,
+        "/v1/admin/tenants",
+        None,
+        Some(json!({"tenant_id": TENANT, "name": TENANT})),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let (s, key) = call(
+        &http,
+        base,
+        "/v1/admin/api-keys",
+        None,
+        Some(json!({"tenant_id": TENANT, "name": "faults"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{key}");
+    let budget = json!({
+        "tenant_id": TENANT,
+        "scope": format!("tenant:{TENANT}"),
+        "unit": UNIT,
+        "allocated": {"unit": UNIT, "amount": allocated},
+    });
+    let (s, b) = call(&http, base, "/v1/admin/budgets", None, Some(budget)).await;
+    assert_eq!(s, 201, "{b}");
+    key["key_secret"].as_str().expect("secret").to_string()
+}
+
+fn reserve_body(idempotency_key: &str) -> Value {
+    json!({
+        "idempotency_key": idempotency_key,
+        "subject": {"tenant": TENANT},
+        "action": {"kind": "llm.completion", "name": "model"},
+        "estimate": {"unit": UNIT, "amount": ESTIMATE},
+    })
+}
+
+/// The tenant budget's (reserved, spent).
+async fn held_and_spent(base: &str, key: &str) -> (i64, i64) {
+    let (s, body) = call(
+        &client(),
+        base,
+        &format!("/v1/balances?tenant={TENANT}"),
+        Some(key),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let b = &body["balances"][0];
+    (
+        b["reserved"]["amount"].as_i64().unwrap_or(0),
+        b["spent"]["amount"].as_i64().unwrap_or(0),
+    )
+}
+
+async fn ready(base: &str) -> bool {
+    let resp = client()
+        .get(format!("{base}/actuator/health/readiness"))
+        .send()
+        .await;
+    resp.is_ok_and(|r| r.status() == 200)
+}
+
+/// Waits (at most `within`) until the server is ready again.
+async fn recovers(base: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !ready(base).await {
+        assert!(
+            Instant::now() < deadline,
+            "the server did not recover by itself"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn assert_verify_ok(url: &str) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cycles"))
+        .args([
+            "verify",
+            "--store",
+            "redis",
+            "--redis-url",
+            url,
+            "--redis-namespace",
+            NAMESPACE,
+        ])
+        .output()
+        .expect("run cycles verify");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("OK"),
+        "cycles verify failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+struct Rig {
+    redis: RedisProcess,
+    server: Server,
+    _dir: TempDir,
+}
+
+/// A Redis of the test's own and a server on it, with a short timeout.
+async fn rig(timeout_ms: &str) -> Rig {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisProcess::start(dir.path(), free_port());
+    let url = redis.url();
+    let mut serve = RedisServe::new(&url, false, NAMESPACE);
+    serve.durability = "aof";
+    serve.timeout_ms = timeout_ms;
+    let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
+    Rig {
+        redis,
+        server,
+        _dir: dir,
+    }
+}
+
+/// What one client was told.
+#[derive(Default)]
+struct Told {
+    /// (reservation id, committed amount if the commit was acknowledged).
+    acked: Vec<(String, Option<i64>)>,
+    unavailable: usize,
+    unexpected: Vec<(u16, Value)>,
+}
+
+/// Reserve → commit until `stop`, going on through 503s.
+async fn lifecycles(base: String, key: String, name: String, stop: Arc<AtomicBool>) -> Told {
+    let http = client();
+    let mut told = Told::default();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let (status, reply) = call(
+            &http,
+            &base,
+            "/v1/reservations",
+            Some(&key),
+            Some(reserve_body(&format!("{name}-r{n}"))),
+        )
+        .await;
+        let id = match (status, reply["reservation_id"].as_str()) {
+            (200, Some(id)) => id.to_string(),
+            (503, _) => {
+                told.unavailable += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            _ => {
+                told.unexpected.push((status, reply));
+                continue;
+            }
+        };
+        let actual = 1 + (n * 37) % ESTIMATE;
+        let body = json!({"idempotency_key": format!("{name}-c{n}"), "actual": {"unit": UNIT, "amount": actual}});
+        let (status, reply) = call(
+            &http,
+            &base,
+            &format!("/v1/reservations/{id}/commit"),
+            Some(&key),
+            Some(body),
+        )
+        .await;
+        match status {
+            200 => told.acked.push((id, Some(actual))),
+            503 => {
+                told.unavailable += 1;
+                told.acked.push((id, None));
+            }
+            _ => told.unexpected.push((status, reply)),
+        }
+    }
+    told
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_of_redis_under_load_loses_nothing_it_acknowledged() {
+    if !redis_here() {
+        return;
+    }
+    let mut rig = rig("200").await;
+    let base = rig.server.base.clone();
+    let key = provision(&base, 1_000_000_000_000).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            tokio::spawn(lifecycles(
+                base.clone(),
+                key.clone(),
+                format!("client{c}"),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    rig.redis.kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.redis.spawn();
+    recovers(&base, Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut told = Vec::new();
+    for c in clients {
+        told.push(c.await.expect("client"));
+    }
+    let unavailable: usize = told.iter().map(|t| t.unavailable).sum();
+    assert!(unavailable > 0, "the outage must have been seen");
+    let http = client();
+    let mut checked = 0;
+    for t in &told {
+        assert!(
+            t.unexpected.is_empty(),
+            "answers other than 200 and 503: {:?}",
+            t.unexpected
+        );
+        for (id, committed) in &t.acked {
+            let (s, r) = call(&http, &base, &format!("/v1/reservations/{id}"), None, None).await;
+            assert_eq!(s, 200, "acknowledged reservation {id} is gone: {r}");
+            match committed {
+                Some(amount) => {
+                    assert_eq!(r["status"], "COMMITTED", "{id}: {r}");
+                    assert_eq!(r["committed"]["amount"].as_i64(), Some(*amount), "{id}");
+                }
+                // Its commit's outcome was not known: either is right.
+                None => assert!(
+                    r["status"] == "ACTIVE" || r["status"] == "COMMITTED",
+                    "{id}: {r}"
+                ),
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("acknowledged reservations checked: {checked}; 503s during the outage: {unavailable}");
+    assert!(checked > 0);
+    // Writes go on after the restart.
+    let (s, r) = call(
+        &http,
+        &base,
+        "/v1/reservations",
+        Some(&key),
+        Some(reserve_body("after-restart")),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    assert_verify_ok(&rig.redis.url());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_or_slow_redis_is_answered_503_at_once_and_a_retry_never_doubles_a_hold() {
+    if !redis_here() {
+        return;
+    }
+    let rig = rig("100").await;
+    let base = rig.server.base.clone();
+    let key = provision(&base, 1_000_000).await;
+    let http = client();
+    for (fault, retry_key) in [("pause", "paused-reserve"), ("sleep", "slept-reserve")] {
+        let (held_before, _) = held_and_spent(&base, &key).await;
+        let port = rig.redis.port.to_string();
+        let blocker = std::thread::spawn(move || {
+            let args: &[&str] = match fault {
+                "pause" => &["client", "pause", "2000", "ALL"],
+                _ => &["debug", "sleep", "2"],
+            };
+            Command::new("redis-cli")
+                .args(["-p", &port])
+                .args(args)
+                .output()
+                .expect("redis-cli")
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The request whose outcome the server loses: it may or may not be recorded.
+        let started = Instant::now();
+        let (s, r) = call(
+            &http,
+            &base,
+            "/v1/reservations",
+            Some(&key),
+            Some(reserve_body(retry_key)),
+        )
+        .await;
+        assert_eq!(s, 503, "{fault}: {r}");
+        assert!(
+            started.elapsed() < Duration::from_millis(1_500),
+            "{fault}: 503 took {:?}",
+            started.elapsed()
+        );
+        // While it is out: 503 at once (the breaker), readiness DOWN, never a 401.
+        let started = Instant::now();
+        let (s, r) = call(
+            &http,
+            &base,
+            &format!("/v1/balances?tenant={TENANT}"),
+            Some(&key),
+            None,
+        )
+        .await;
+        assert_eq!(s, 503, "{fault}: {r}");
+        assert!(
+            started.elapsed() < Duration::from_millis(1_500),
+            "{fault}: the second 503 took {:?}",
+            started.elapsed()
+        );
+        assert!(!ready(&base).await, "{fault}: readiness must be DOWN");
+        blocker.join().expect("redis-cli thread");
+        recovers(&base, Duration::from_secs(10)).await;
+        // The retry with the same key answers the first request, whatever became of it:
+        // one hold, never two.
+        let (s, r) = call(
+            &http,
+            &base,
+            "/v1/reservations",
+            Some(&key),
+            Some(reserve_body(retry_key)),
+        )
+        .await;
+        assert_eq!(s, 200, "{fault}: {r}");
+        let (s, again) = call(
+            &http,
+            &base,
+            "/v1/reservations",
+            Some(&key),
+            Some(reserve_body(retry_key)),
+        )
+        .await;
+        assert_eq!(s, 200);
+        assert_eq!(
+            again["reservation_id"], r["reservation_id"],
+            "{fault}: a replay"
+        );
+        let (held, _) = held_and_spent(&base, &key).await;
+        assert_eq!(
+            held,
+            held_before + ESTIMATE,
+            "{fault}: the retried reserve holds once"
+        );
+    }
+    assert_verify_ok(&rig.redis.url());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flushed_redis_is_never_served() {
+    if !redis_here() {
+        return;
+    }
+    let rig = rig("200").await;
+    let base = rig.server.base.clone();
+    let key = provision(&base, 1_000_000).await;
+    assert_eq!(rig.redis.cli(&["flushall"]).trim(), "OK");
+    let http = client();
+    let (s, r) = call(
+        &http,
+        &base,
+        "/v1/reservations",
+        Some(&key),
+        Some(reserve_body("after-flush")),
+    )
+    .await;
+    assert_eq!(s, 503, "{r}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (s, r) = call(
+        &http,
+        &base,
+        "/v1/reservations",
+        Some(&key),
+        Some(reserve_body("after-flush-2")),
+    )
+    .await;
+    assert_eq!(s, 503, "a flushed ledger is never served: {r}");
+    assert!(!ready(&base).await);
+    // Nothing was written to the empty Redis: no new ledger appeared in it.
+    assert_eq!(rig.redis.cli(&["dbsize"]).trim(), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_started_before_its_redis_serves_once_it_is_up() {
+    if !redis_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut serve = RedisServe::new(&url, false, NAMESPACE);
+    serve.durability = "aof";
+    serve.timeout_ms = "100";
+    serve.ready = false;
+    let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
+    let http = client();
+    let started = Instant::now();
+    let (s, r) = call(
+        &http,
+        &server.base,
+        "/v1/admin/tenants",
+        None,
+        Some(json!({"tenant_id": TENANT, "name": TENANT})),
+    )
+    .await;
+    assert_eq!(s, 503, "{r}");
+    assert!(started.elapsed() < Duration::from_millis(1_500));
+    assert!(!ready(&server.base).await);
+    let _redis = RedisProcess::start(dir.path(), port);
+    recovers(&server.base, Duration::from_secs(10)).await;
+    let key = provision(&server.base, 1_000_000).await;
+    let (s, r) = call(
+        &http,
+        &server.base,
+        "/v1/reservations",
+        Some(&key),
+        Some(reserve_body("once-up")),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+}
