@@ -377,7 +377,9 @@ async fn kill_9_of_redis_under_load_loses_nothing_it_acknowledged() {
             checked += 1;
         }
     }
-    eprintln!("acknowledged reservations checked: {checked}; 503s during the outage: {unavailable}");
+    eprintln!(
+        "acknowledged reservations checked: {checked}; 503s during the outage: {unavailable}"
+    );
     assert!(checked > 0);
     // Writes go on after the restart.
     let (s, r) = call(

@@ -5,3 +5,4 @@ mod faults;
 mod history;
 mod privacy;
 mod recovery;
+mod redis_differential;

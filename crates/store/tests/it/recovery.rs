@@ -30,7 +30,7 @@ const DIGEST: [u8; 32] = [7; 32];
 pub(crate) const UNIT: Unit = Unit::UsdMicrocents;
 pub(crate) const T0: i64 = 1_800_000_000_000;
 /// Clock advance between commands (well inside the default 60 s reservation TTL).
-const STEP_MS: i64 = 10;
+pub(crate) const STEP_MS: i64 = 10;
 /// Commands per workload.
 const OPS: usize = 60;
 /// The journal's file header (magic + format version).
@@ -82,7 +82,7 @@ macro_rules! with_operation {
 
 impl Command {
     /// Applies the command to the model's `state`.
-    fn apply(self, state: &mut State, now: i64) -> Applied<String> {
+    pub(crate) fn apply(self, state: &mut State, now: i64) -> Applied<String> {
         fn erased<O: Operation>(state: &mut State, op: O, now: i64) -> Applied<String> {
             let applied = apply(state, op, now);
             Applied {
@@ -95,7 +95,7 @@ impl Command {
     }
 
     /// Sends the command to the store.
-    pub(crate) async fn execute(self, store: &EmbeddedStore, load: Load) -> Answer {
+    pub(crate) async fn execute(self, store: &impl Store, load: Load) -> Answer {
         let answered =
             with_operation!(self, op => store.execute(op, load).await.map(|r| answer(r.result)));
         answered.expect("the store answers")
@@ -173,7 +173,7 @@ pub(crate) fn provisioning() -> Vec<Command> {
     ]
 }
 
-fn reserve(id: &str, estimate: i64) -> Command {
+pub(crate) fn reserve(id: &str, estimate: i64) -> Command {
     reserve_for(id, estimate, None)
 }
 
@@ -223,6 +223,11 @@ fn release(id: &str) -> Command {
 }
 
 pub(crate) fn credit(n: usize) -> Command {
+    fund(n, 1_000)
+}
+
+/// A credit of `amount` to the tenant's budget.
+pub(crate) fn fund(n: usize, amount: i64) -> Command {
     Command::FundBudget(FundBudget {
         actor: Actor::Admin,
         fund: Funding {
@@ -230,7 +235,7 @@ pub(crate) fn credit(n: usize) -> Command {
             scope: "tenant:t".into(),
             unit: UNIT,
             operation: FundingOp::Credit,
-            amount: 1_000,
+            amount,
             spent: None,
             idem: Some(idem(format!("fund-{n}"))),
         },
@@ -242,7 +247,7 @@ pub(crate) fn credit(n: usize) -> Command {
 /// credit, plus a rejected second commit now and then (it writes nothing, so the history
 /// must not count it). `start` keeps ids unique when a test
 /// drives two workloads into one store.
-fn workload(start: usize, len: usize) -> Vec<Command> {
+pub(crate) fn workload(start: usize, len: usize) -> Vec<Command> {
     let mut commands = if start == 0 {
         provisioning()
     } else {
@@ -285,7 +290,7 @@ fn workload(start: usize, len: usize) -> Vec<Command> {
 
 /// The state in a form two states can be compared in (snapshot vectors built from hash maps
 /// come out in arbitrary order).
-fn canonical(state: &State) -> SnapshotData {
+pub(crate) fn canonical(state: &State) -> SnapshotData {
     let mut data = state.to_snapshot();
     data.reservations
         .sort_by(|a, b| a.reservation_id.cmp(&b.reservation_id));
@@ -1043,7 +1048,7 @@ async fn alone_and_busy_requests_interleave_without_losing_an_acknowledgement() 
     // One request at a time: nothing wakes the syncer thread, so every round is the
     // request's own.
     for i in 0..ALONE {
-        let answered = tenant(&format!("a{i}")).execute(&store, Load::Alone).await;
+        let answered = tenant(&format!("a{i}")).execute(&*store, Load::Alone).await;
         assert!(answered.is_ok(), "{answered:?}");
     }
     assert_eq!(
@@ -1062,7 +1067,7 @@ async fn alone_and_busy_requests_interleave_without_losing_an_acknowledgement() 
                     } else {
                         Load::Alone
                     };
-                    let answered = tenant(&format!("t{t}-{i}")).execute(&store, load).await;
+                    let answered = tenant(&format!("t{t}-{i}")).execute(&*store, load).await;
                     assert!(answered.is_ok(), "{answered:?}");
                 }
             })
