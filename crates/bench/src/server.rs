@@ -16,6 +16,8 @@ pub const ALLOCATIONS: &str = "cycles_heap_allocations_total";
 pub const SYNCS: &str = "cycles_journal_syncs_total";
 pub const BATCHES: &str = "cycles_store_batches_total";
 pub const COMMANDS: &str = "cycles_store_commands_total";
+/// Exported only by the Redis engine.
+pub const REDIS_ROUNDS: &str = "cycles_redis_rounds_total";
 pub const PEAK_RSS: &str = "process_peak_resident_memory_bytes";
 pub const AUDIT_ENTRIES: &str = "cycles_audit_entries";
 pub const ARCHIVED: &str = "cycles_reservations_archived";

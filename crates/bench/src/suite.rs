@@ -130,11 +130,10 @@ impl Suite {
     pub async fn run(mut self) -> anyhow::Result<Report> {
         let trials = self.cfg.method.trials;
         let metrics = self.admin.metrics().await?;
-        if metrics
-            .as_deref()
-            .and_then(|t| server::metric(t, server::COMMANDS))
-            .is_some()
-        {
+        let exported = |name| metrics.as_deref().and_then(|t| server::metric(t, name));
+        if exported(server::REDIS_ROUNDS).is_some() {
+            self.engine = "redis".into();
+        } else if exported(server::COMMANDS).is_some() {
             self.engine = "embedded".into();
         }
         if metrics.is_none() {
