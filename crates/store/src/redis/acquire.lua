@@ -1,18 +1,24 @@
--- Takes the writer's lease for this instance, if it is free or already its own, and
--- answers the log's version (what the instance must have applied before it writes).
--- Otherwise it leaves word that this instance wants it, and answers how long it has left.
+-- Takes the writer's lease for this instance, if it is its own already, or free and no
+-- other instance is waiting for it (turns go in order of asking), and answers the log's
+-- version (what the instance must have applied before it writes). Otherwise it leaves word
+-- that this instance wants it, unless another already has, and answers how long the
+-- holder has left (-2: nobody holds it, another instance's turn is next).
 -- KEYS: marker, version, lease, want
--- ARGV: holder, lease ms
+-- ARGV: holder, lease ms, how long the word lasts unless renewed (ms)
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'WIPED'}
 end
 local holder = redis.call('GET', KEYS[3])
-if holder == false or holder == ARGV[1] then
+local waiting = redis.call('GET', KEYS[4])
+local free = holder == false and (waiting == false or waiting == ARGV[1])
+if free or holder == ARGV[1] then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
-  if redis.call('GET', KEYS[4]) == ARGV[1] then
+  if waiting == ARGV[1] then
     redis.call('DEL', KEYS[4])
   end
   return {'OK', redis.call('GET', KEYS[2]) or '0'}
 end
-redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+if waiting == false or waiting == ARGV[1] then
+  redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[3])
+end
 return {'HELD', tostring(redis.call('PTTL', KEYS[3]))}

@@ -13,6 +13,11 @@ use ::redis::{ConnectionLike, Script, Value};
 
 use crate::embedded::journal::{read_records, segment_header, JournalRecord};
 
+/// How long an instance's word that it wants the lease lasts unless it asks again (it asks
+/// every millisecond or so while it waits): one that stopped asking (it died, or gave up)
+/// holds the others up no longer than this.
+const WANT_MS: u64 = 50;
+
 /// Stream entries read per `XRANGE` while catching up.
 const READ_PAGE: usize = 512;
 
@@ -183,7 +188,8 @@ impl Default for Scripts {
 pub enum Lease {
     /// Held by this instance, and the log is at this version.
     Held(u64),
-    /// Held by another for this many more milliseconds.
+    /// Held by another for this many more milliseconds (0: free, but another instance's
+    /// turn is next).
     Busy(u64),
 }
 
@@ -269,6 +275,7 @@ impl Log {
             .key(&k.want)
             .arg(&self.holder)
             .arg(lease.as_millis() as u64)
+            .arg(WANT_MS)
             .invoke(conn.link())?;
         match status(&reply)?.as_str() {
             "OK" => Ok(Lease::Held(parse_u64(&field::<String>(&reply, 1)?)?)),
