@@ -6,7 +6,8 @@
 #
 # Environment:
 #   CARGO_TARGET_DIR       honoured by the build; the screenshots go to
-#                          <target dir>/dashboard-screenshots
+#                          <target dir>/dashboard-screenshots (with CYCLES_SCREENSHOT_SUFFIX
+#                          after it, if set)
 #   CYCLES_DASHBOARD_DIST  the dashboard build (default: <repo>/../shared/dashboard/dist)
 #   CHROMIUM               the browser (default: /usr/bin/chromium, installed with apt if
 #                          missing)
@@ -38,7 +39,7 @@ export CHROMIUM
 echo "== build (cargo build --release -p cycles)"
 BIN="$(build_cycles --release)"
 # <target dir>/release/cycles
-SHOTS="$(dirname "$(dirname "$BIN")")/dashboard-screenshots"
+SHOTS="$(dirname "$(dirname "$BIN")")/dashboard-screenshots${CYCLES_SCREENSHOT_SUFFIX:-}"
 rm -rf "$SHOTS"
 mkdir -p "$SHOTS"
 export CYCLES_SCREENSHOT_DIR="$SHOTS"

@@ -367,10 +367,14 @@ pub fn delete_ledger(url: &str, cluster: bool, namespace: &str) -> io::Result<()
 pub(crate) struct Counters {
     pub commands: AtomicU64,
     pub rounds: AtomicU64,
+    /// Time spent in appends (the script's round trip), for its mean per round.
+    pub append_micros: AtomicU64,
     pub log_bytes: AtomicU64,
     pub records_read: AtomicU64,
     pub leases: AtomicU64,
     pub lease_waits: AtomicU64,
+    /// Time spent waiting for another instance to give the lease up.
+    pub lease_wait_micros: AtomicU64,
     pub handoffs: AtomicU64,
     pub faults: AtomicU64,
     pub reloads: AtomicU64,

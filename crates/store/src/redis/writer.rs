@@ -170,10 +170,12 @@ impl Shared {
         vec![
             m("cycles_store_commands_total", "Commands applied to the ledger.", true, get(&c.commands)),
             m("cycles_redis_rounds_total", "Rounds of records appended to the ledger's log in Redis (one script each).", true, get(&c.rounds)),
+            m("cycles_redis_append_microseconds_total", "Time spent appending rounds to the log (each one script's round trip): over cycles_redis_rounds_total, the mean append.", true, get(&c.append_micros)),
             m("cycles_redis_log_bytes_total", "Bytes of records appended to the ledger's log.", true, get(&c.log_bytes)),
             m("cycles_redis_records_read_total", "Records other instances appended, read from the log.", true, get(&c.records_read)),
             m("cycles_redis_leases_total", "Times this instance took the writer's lease.", true, get(&c.leases)),
             m("cycles_redis_lease_waits_total", "Times this instance waited for another to give the lease up.", true, get(&c.lease_waits)),
+            m("cycles_redis_lease_wait_microseconds_total", "Time operations waited for another instance to give the writer's lease up.", true, get(&c.lease_wait_micros)),
             m("cycles_redis_handoffs_total", "Times this instance gave the lease up to another that wanted it.", true, get(&c.handoffs)),
             m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
             m("cycles_redis_reloads_total", "Times the state was read again from the log after a failed append.", true, get(&c.reloads)),
@@ -428,6 +430,7 @@ impl Writer {
             Ok(wanted) => {
                 let c = &self.shared.counters;
                 Counters::add(&c.rounds, 1);
+                Counters::add(&c.append_micros, sent.elapsed().as_micros() as u64);
                 Counters::add(&c.log_bytes, self.frames.len() as u64);
                 self.applied = upto;
                 self.lease_until = Some(sent + lease * 3 / 4);
@@ -519,12 +522,20 @@ impl Writer {
         if self.lease_until.is_some_and(|until| Instant::now() < until) {
             return Ok(());
         }
-        let deadline = Instant::now() + LEASE_WAIT;
+        let asked = Instant::now();
+        let deadline = asked + LEASE_WAIT;
+        let waited = |shared: &Shared| {
+            Counters::add(
+                &shared.counters.lease_wait_micros,
+                asked.elapsed().as_micros() as u64,
+            )
+        };
         loop {
             let sent = Instant::now();
             let lease = self.lease;
             match self.log.acquire(self.link.get()?, lease)? {
                 Lease::Held(version) => {
+                    waited(&self.shared);
                     self.catch_up(version)?;
                     Counters::add(&self.shared.counters.leases, 1);
                     self.lease_until = Some(sent + lease * 3 / 4);
@@ -534,6 +545,7 @@ impl Writer {
                 }
                 Lease::Busy(left_ms) => {
                     if Instant::now() >= deadline {
+                        waited(&self.shared);
                         return Err(Refused::Lease.into());
                     }
                     Counters::add(&self.shared.counters.lease_waits, 1);
