@@ -6,8 +6,25 @@
 set -euo pipefail
 dir="$1"
 mkdir -p "$dir"
+# A port that is free, with its cluster bus port (10 000 above it, so at most 55 535) free too.
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+  python3 - <<'PY'
+import random, socket
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+while True:
+    port = random.randint(20000, 45000)
+    if free(port) and free(port + 10000):
+        print(port)
+        break
+PY
 }
 nodes=()
 urls=()
@@ -22,7 +39,15 @@ for i in 1 2 3; do
   urls+=("redis://127.0.0.1:$port")
 done
 for node in "${nodes[@]}"; do
-  for _ in $(seq 1 50); do redis-cli -h 127.0.0.1 -p "${node#*:}" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  up=""
+  for _ in $(seq 1 50); do
+    redis-cli -h 127.0.0.1 -p "${node#*:}" ping >/dev/null 2>&1 && up=1 && break
+    sleep 0.1
+  done
+  if [ -z "$up" ]; then
+    echo "redis-server on $node did not start: $(tail -n 3 "$dir/${node#*:}/redis.log")" >&2
+    exit 1
+  fi
 done
 redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log" 2>&1
 for _ in $(seq 1 100); do

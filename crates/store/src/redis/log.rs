@@ -18,8 +18,9 @@ use crate::embedded::journal::{read_records, segment_header, JournalRecord};
 /// holds the others up no longer than this.
 const WANT_MS: u64 = 50;
 
-/// Stream entries read per `XRANGE` while catching up.
-const READ_PAGE: usize = 512;
+/// Stream entries (rounds) read per `XRANGE` while catching up: a page of large rounds must
+/// still arrive within the command timeout.
+const READ_PAGE: usize = 32;
 
 /// A connection to one Redis or to a Redis Cluster.
 pub enum Conn {

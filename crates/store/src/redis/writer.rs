@@ -323,26 +323,27 @@ impl Writer {
         let held = self.shared.projector.history().held_seq().unwrap_or(0);
         let mut state = State::new();
         let mut last_now = Millis::MIN;
-        let mut entries = Vec::new();
-        let mut records = 0;
-        let last = self.log.read_after(self.link.get()?, 0, |record| {
-            records += 1;
-            for effect in &record.effects {
-                state.apply_effect(effect);
-            }
-            last_now = last_now.max(record.at_ms);
-            if record.seq > held {
-                entries.extend(
-                    record
-                        .effects
-                        .iter()
-                        .filter_map(Item::of)
-                        .map(|i| (record.seq, i)),
-                );
-            }
-        })?;
-        if !entries.is_empty() {
-            self.shared.projector.project(last, entries);
+        let mut replay = Replay::new(&mut state, &mut last_now, &self.shared.projector, held);
+        let last = self
+            .log
+            .read_after(self.link.get()?, 0, |record| replay.record(record))?;
+        let records = replay.finish(last);
+        if held > last {
+            // Rounds this instance applied are gone from Redis (it lost acknowledged
+            // writes): their history goes too, as the embedded engine cuts a history store
+            // found ahead of its journal.
+            let trimmed = self
+                .shared
+                .projector
+                .history()
+                .trim_after(last)
+                .unwrap_or(0);
+            tracing::error!(
+                held,
+                log = last,
+                trimmed,
+                "the history this instance keeps was ahead of the ledger's log in Redis"
+            );
         }
         self.state = state;
         self.applied = last;
@@ -584,26 +585,18 @@ impl Writer {
             ..
         } = self;
         let conn = link.get()?;
-        let mut entries = Vec::new();
-        let mut read = 0;
-        let last = log.read_after(conn, self.applied, |record| {
-            read += 1;
-            for effect in &record.effects {
-                state.apply_effect(effect);
+        let mut replay = Replay::new(state, last_now, &shared.projector, 0);
+        let read_to = log.read_after(conn, self.applied, |record| replay.record(record));
+        let last = match read_to {
+            Ok(last) => last,
+            Err(e) => {
+                // Some records may be applied already: the state is read again.
+                self.loaded = false;
+                return Err(e);
             }
-            *last_now = (*last_now).max(record.at_ms);
-            entries.extend(
-                record
-                    .effects
-                    .iter()
-                    .filter_map(Item::of)
-                    .map(|i| (record.seq, i)),
-            );
-        })?;
+        };
+        let read = replay.finish(last);
         Counters::add(&shared.counters.records_read, read);
-        if !entries.is_empty() {
-            shared.projector.project(last, entries);
-        }
         self.applied = last;
         if last != version {
             self.loaded = false;
@@ -665,6 +658,63 @@ impl Writer {
             .store(self.state.deliveries_due() as u64, Ordering::Relaxed);
         s.archived_keys
             .store(self.state.archived_key_count() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Records read from the log, applied to a state and their history handed to the history
+/// store in batches (a whole log's history is never held in memory at once).
+struct Replay<'a> {
+    state: &'a mut State,
+    last_now: &'a mut Millis,
+    projector: &'a Projector,
+    /// The history store holds the history of records up to this one already.
+    held: u64,
+    pending: Vec<(u64, Item)>,
+    records: u64,
+}
+
+/// History items handed over at a time while replaying.
+const REPLAY_BATCH: usize = 4096;
+
+impl<'a> Replay<'a> {
+    fn new(
+        state: &'a mut State,
+        last_now: &'a mut Millis,
+        projector: &'a Projector,
+        held: u64,
+    ) -> Self {
+        Replay {
+            state,
+            last_now,
+            projector,
+            held,
+            pending: Vec::new(),
+            records: 0,
+        }
+    }
+
+    fn record(&mut self, record: JournalRecord) {
+        self.records += 1;
+        for effect in &record.effects {
+            self.state.apply_effect(effect);
+        }
+        *self.last_now = (*self.last_now).max(record.at_ms);
+        if record.seq > self.held {
+            let items = record.effects.iter().filter_map(Item::of);
+            self.pending.extend(items.map(|item| (record.seq, item)));
+        }
+        if self.pending.len() >= REPLAY_BATCH {
+            self.projector
+                .project(record.seq, std::mem::take(&mut self.pending));
+        }
+    }
+
+    /// Hands the rest over, as of record `last`; answers how many records were read.
+    fn finish(self, last: u64) -> u64 {
+        if !self.pending.is_empty() {
+            self.projector.project(last, self.pending);
+        }
+        self.records
     }
 }
 
