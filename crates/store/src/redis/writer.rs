@@ -226,21 +226,9 @@ pub struct Writer {
     shared: Arc<Shared>,
 }
 
+/// Who this instance is, as its lease names it.
 fn holder_id() -> String {
-    format!("{}-{}", std::process::id(), uuid_like())
-}
-
-/// A random id for this instance's lease and for a new ledger's marker.
-fn uuid_like() -> String {
-    use std::collections::hash_map::RandomState;
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    format!("{:016x}", h.finish())
+    format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple())
 }
 
 impl Writer {
@@ -307,7 +295,11 @@ impl Writer {
         let durability = self.durability;
         let settings = Settings::read(self.link.get()?)?;
         check_settings(&settings, durability)?;
-        let new_marker = format!("{} {}", uuid_like(), self.shared.clock.now_ms());
+        let new_marker = format!(
+            "{} {}",
+            uuid::Uuid::new_v4().simple(),
+            self.shared.clock.now_ms()
+        );
         // Only an instance that has never served this ledger may create it: for one that
         // has, an empty Redis is a wiped one.
         let create = self.marker.is_none();
