@@ -90,6 +90,11 @@ struct RedisArgs {
         default_value_t = store::redis::DEFAULT_LEASE.as_millis() as u64,
         value_parser = clap::value_parser!(u64).range(100..))]
     redis_lease_ms: u64,
+    /// Replicas every write must reach before it is acknowledged (Redis `WAIT`, once per
+    /// round, within --redis-timeout-ms); short of them, the answer is 503 "outcome
+    /// unknown". 0: the primary's acknowledgement is enough. Not with --redis-cluster.
+    #[arg(long, env = "CYCLES_REDIS_REPLICAS", default_value_t = 0)]
+    redis_replicas: u32,
 }
 
 /// Bounds on what clients can hold (see the README's "Limits").
@@ -411,6 +416,7 @@ fn open_redis(args: &ServeArgs, retention: Retention) -> anyhow::Result<(store::
     config.durability = r.durability();
     config.timeout = Duration::from_millis(r.redis_timeout_ms);
     config.lease = Duration::from_millis(r.redis_lease_ms);
+    config.replicas = r.redis_replicas;
     config.retention = retention;
     let opening = std::time::Instant::now();
     let (store, report) = RedisStore::open(config).context("opening the Redis engine")?;

@@ -28,6 +28,8 @@ pub struct RedisServe<'a> {
     pub timeout_ms: &'a str,
     /// Whether to wait until the store is ready (false: until the process answers).
     pub ready: bool,
+    /// More arguments.
+    pub extra: Vec<&'a str>,
 }
 
 impl<'a> RedisServe<'a> {
@@ -41,6 +43,7 @@ impl<'a> RedisServe<'a> {
             durability: "none",
             timeout_ms: "2000",
             ready: true,
+            extra: Vec::new(),
         }
     }
 }
@@ -90,6 +93,7 @@ impl Server {
         if redis.cluster {
             args.push("--redis-cluster");
         }
+        args.extend(&redis.extra);
         // The store's health is DOWN while Redis cannot be reached: a server started
         // without its Redis is waited for only until it answers at all.
         let probe = match redis.ready {

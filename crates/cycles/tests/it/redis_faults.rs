@@ -42,14 +42,22 @@ struct RedisProcess {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// More arguments (`--replicaof …`).
+    extra: Vec<String>,
 }
 
 impl RedisProcess {
     fn start(dir: &Path, port: u16) -> RedisProcess {
+        RedisProcess::start_with(dir, port, &[])
+    }
+
+    fn start_with(dir: &Path, port: u16, extra: &[&str]) -> RedisProcess {
+        std::fs::create_dir_all(dir).expect("redis dir");
         let mut redis = RedisProcess {
             child: None,
             port,
             dir: dir.to_path_buf(),
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         redis.spawn();
         redis
@@ -67,6 +75,7 @@ impl RedisProcess {
                 "",
             ])
             .args(["--enable-debug-command", "yes"])
+            .args(&self.extra)
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -244,6 +253,18 @@ struct Rig {
     redis: RedisProcess,
     server: Server,
     _dir: TempDir,
+}
+
+/// Waits until a replica has synced with its primary.
+fn linked(replica: &RedisProcess) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !replica
+        .cli(&["info", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "the replica did not sync");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A Redis of the test's own and a server on it, with a short timeout.
@@ -559,4 +580,76 @@ async fn a_server_started_before_its_redis_serves_once_it_is_up() {
     )
     .await;
     assert_eq!(s, 200, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_wait_for_the_replicas_asked_for() {
+    if !redis_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let primary = RedisProcess::start(&dir.path().join("primary"), free_port());
+    let primary_port = primary.port.to_string();
+    let replica_of = ["--replicaof", "127.0.0.1", primary_port.as_str()];
+    let mut replica =
+        RedisProcess::start_with(&dir.path().join("replica"), free_port(), &replica_of);
+    linked(&replica);
+    let url = primary.url();
+    let mut serve = RedisServe::new(&url, false, NAMESPACE);
+    serve.durability = "aof";
+    serve.timeout_ms = "300";
+    serve.extra = vec!["--redis-replicas", "1"];
+    let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
+    let base = server.base.clone();
+    let key = provision(&base, 1_000_000).await;
+    let http = client();
+    let (s, r) = call(
+        &http,
+        &base,
+        "/v1/reservations",
+        Some(&key),
+        Some(reserve_body("replicated")),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let log = format!("{{{NAMESPACE}}}:log");
+    let on_replica: u64 = replica.cli(&["xlen", &log]).trim().parse().expect("xlen");
+    let on_primary: u64 = primary.cli(&["xlen", &log]).trim().parse().expect("xlen");
+    assert_eq!(
+        on_replica, on_primary,
+        "every acknowledged round is on the replica"
+    );
+    // Without its replica, a write is recorded by the primary but not acknowledged.
+    replica.kill9();
+    let (s, r) = call(
+        &http,
+        &base,
+        "/v1/reservations",
+        Some(&key),
+        Some(reserve_body("unreplicated")),
+    )
+    .await;
+    assert_eq!(s, 503, "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("replicas"),
+        "{r}"
+    );
+    replica.spawn();
+    linked(&replica);
+    recovers(&base, Duration::from_secs(10)).await;
+    // Its retry answers it from the log: held once.
+    let (s, r) = call(
+        &http,
+        &base,
+        "/v1/reservations",
+        Some(&key),
+        Some(reserve_body("unreplicated")),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let (held, _) = held_and_spent(&base, &key).await;
+    assert_eq!(held, 2 * ESTIMATE);
 }

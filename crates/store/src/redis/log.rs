@@ -258,6 +258,21 @@ impl Log {
         }
     }
 
+    /// Waits (at most `timeout`) until `replicas` replicas hold every write this connection
+    /// made; answers how many do.
+    pub fn wait_replicas(
+        &self,
+        conn: &mut Conn,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<u32, LogError> {
+        let ms = timeout.as_millis().max(1) as u64;
+        Ok(::redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(ms)
+            .query(conn.link())?)
+    }
+
     /// Whether another instance is waiting for the lease.
     pub fn wanted(&self, conn: &mut Conn) -> Result<bool, LogError> {
         Ok(::redis::cmd("EXISTS")

@@ -80,6 +80,11 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// How long the writer's lease lasts without a write.
     pub lease: Duration,
+    /// Replicas each round must reach (`WAIT`, once per round) before its replies are sent:
+    /// a round they do not all acknowledge within `timeout` is answered "outcome unknown"
+    /// (it is on the primary, and may be lost if it fails over). 0: none waited for. Not
+    /// on a Cluster (`WAIT` names no key, so it cannot be sent to the ledger's master).
+    pub replicas: u32,
     /// Where this instance keeps its history cache (rebuilt from the log at start).
     pub history_dir: PathBuf,
     pub clock: Arc<dyn Clock>,
@@ -103,6 +108,7 @@ impl RedisConfig {
             durability: RedisDurability::Aof,
             timeout: DEFAULT_TIMEOUT,
             lease: DEFAULT_LEASE,
+            replicas: 0,
             history_dir: history_dir.into(),
             clock,
             retention: Retention::default(),
@@ -133,6 +139,12 @@ impl RedisStore {
     /// would lose budgets silently (an eviction policy, no persistence without
     /// [`RedisDurability::None`]) and a ledger whose keys were lost.
     pub fn open(config: RedisConfig) -> io::Result<(Self, OpenReport)> {
+        if config.cluster && config.replicas > 0 {
+            return Err(io::Error::other(
+                "waiting for replicas is not supported on a Redis Cluster (WAIT cannot be \
+                 routed to the ledger's master)",
+            ));
+        }
         let _ = std::fs::create_dir_all(&config.history_dir);
         // A cache of the log: what an earlier run left may be another ledger's.
         for suffix in ["", "-wal", "-shm"] {
@@ -378,6 +390,7 @@ pub(crate) struct Counters {
     pub handoffs: AtomicU64,
     pub faults: AtomicU64,
     pub reloads: AtomicU64,
+    pub unreplicated: AtomicU64,
 }
 
 impl Counters {

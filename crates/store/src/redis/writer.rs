@@ -178,6 +178,7 @@ impl Shared {
             m("cycles_redis_lease_wait_microseconds_total", "Time operations waited for another instance to give the writer's lease up.", true, get(&c.lease_wait_micros)),
             m("cycles_redis_handoffs_total", "Times this instance gave the lease up to another that wanted it.", true, get(&c.handoffs)),
             m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
+            m("cycles_redis_unreplicated_total", "Rounds that did not reach the replicas asked for (--redis-replicas) in time: their operations were answered outcome unknown.", true, get(&c.unreplicated)),
             m("cycles_redis_reloads_total", "Times the state was read again from the log after a failed append.", true, get(&c.reloads)),
             m("cycles_redis_unavailable", "1 while Redis cannot be used and every operation is refused (the breaker is open).", false, u64::from(self.fault().is_some())),
             m("cycles_redis_lease_held", "1 while this instance holds the writer's lease.", false, u64::from(self.holding.load(Ordering::Relaxed))),
@@ -202,6 +203,9 @@ struct Broken {
 pub struct Writer {
     durability: RedisDurability,
     lease: Duration,
+    timeout: Duration,
+    /// Replicas each round waits for (see [`RedisConfig::replicas`]).
+    replicas: u32,
     log: Log,
     link: Link,
     state: State,
@@ -236,6 +240,8 @@ impl Writer {
         let mut writer = Writer {
             durability: config.durability,
             lease: config.lease,
+            timeout: config.timeout,
+            replicas: config.replicas,
             log: Log::new(&config.namespace, holder_id()),
             link: Link::new(config.url, config.cluster, config.timeout),
             state: State::new(),
@@ -432,14 +438,44 @@ impl Writer {
                 if !entries.is_empty() {
                     self.shared.projector.project(upto, entries);
                 }
+                let replicated = self.replicated();
                 if wanted && self.held_since.elapsed() >= HANDOFF_AFTER {
                     Counters::add(&self.shared.counters.handoffs, 1);
                     self.give_up_lease();
                 }
-                Ok(())
+                replicated
             }
             Err(e) => Err(self.failed_append(e)),
         }
+    }
+
+    /// After an append: waits for the replicas asked for. The round is in the log either
+    /// way (the state and `applied` follow it); short of them, its operations are answered
+    /// "outcome unknown", since a failover could still lose it, and their retries answer
+    /// them from the log.
+    fn replicated(&mut self) -> Result<(), StoreError> {
+        if self.replicas == 0 {
+            return Ok(());
+        }
+        let (replicas, timeout) = (self.replicas, self.timeout);
+        let waited = match self.link.get() {
+            Ok(conn) => self.log.wait_replicas(conn, replicas, timeout),
+            Err(e) => Err(e),
+        };
+        let why = match waited {
+            Ok(acked) if acked >= replicas => return Ok(()),
+            Ok(acked) => format!(
+                "recorded by Redis, but {acked} of the {replicas} replicas asked for \
+                 acknowledged it in time"
+            ),
+            Err(e) => {
+                let why = format!("recorded by Redis; waiting for its replicas failed: {e}");
+                self.broke(e);
+                why
+            }
+        };
+        Counters::add(&self.shared.counters.unreplicated, 1);
+        Err(StoreError::OutcomeUnknown(why))
     }
 
     /// After an append that failed: the state is ahead of the log, so it is read again
