@@ -73,7 +73,7 @@ use crate::{
 /// One operation of the state machine: its request is the implementing type, its answer
 /// [`Operation::Output`]. Implemented in this module tree only (sealed), each next to the
 /// rules it runs.
-pub trait Operation: sealed::Sealed + Send + 'static {
+pub trait Operation: sealed::Sealed + Clone + Send + 'static {
     type Output: std::fmt::Debug + PartialEq + Send + 'static;
 
     /// Decides the operation against `tx`'s view of the state, staging its effects.

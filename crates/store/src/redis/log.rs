@@ -350,6 +350,14 @@ impl Log {
         Ok(())
     }
 
+    /// The log's version: the last sequence number in it.
+    pub fn version(&self, conn: &mut Conn) -> Result<u64, LogError> {
+        let v: Option<String> = ::redis::cmd("GET")
+            .arg(&self.keys.version)
+            .query(conn.link())?;
+        v.map_or(Ok(0), |v| parse_u64(&v))
+    }
+
     /// Reads every record after `after`, in order, up to the log's end as of the read;
     /// answers the last sequence number read (`after` when there was none).
     pub fn read_after(

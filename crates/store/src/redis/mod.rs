@@ -21,6 +21,7 @@
 //! reservations) the log carries in a local history store, a cache it rebuilds from the log
 //! at start.
 
+mod jobs;
 mod log;
 mod writer;
 
@@ -32,15 +33,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use ledger::{Effect, Operation};
+use ledger::Operation;
 use tokio::sync::oneshot;
 
 use crate::history::{History, Projector, Retention};
-use crate::{AuditFacts, Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
+use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
 
+use jobs::{Barrier, Job, OperationJob};
 use log::Keys;
 pub use log::Settings;
-use writer::{Ctx, Job, Outcome, Shared, Writer};
+use writer::{Shared, Writer};
 
 /// How long a read of the history waits for the entries of changes the instance has read.
 const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
@@ -129,7 +131,7 @@ pub struct OpenReport {
 }
 
 pub struct RedisStore {
-    jobs: SyncSender<Job>,
+    jobs: SyncSender<Box<dyn Job>>,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -182,47 +184,16 @@ impl RedisStore {
         operation: O,
         context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
-        let (tx, rx) = oneshot::channel();
+        let (answer, rx) = oneshot::channel();
         let RequestContext { origin, audit } = context;
-        // Taken here: the request's origin is where the request runs, not on the writer.
-        let origin = origin();
-        let job: Job = Box::new(move |ctx: &mut Ctx<'_>| {
-            let now = ctx.now;
-            let found = match operation.archive_lookup(ctx.state, now) {
-                None => None,
-                Some(lookup) => match ctx.archived(&lookup) {
-                    Ok(found) => Some(found),
-                    Err(why) => {
-                        let _ = tx.send(Err(StoreError::Unavailable(why)));
-                        return Outcome::default();
-                    }
-                },
-            };
-            let origin = || origin.clone();
-            let mut applied = ledger::apply_in(ctx.state, operation, now, &origin, found);
-            let entry = audit.and_then(|audit| {
-                audit(AuditFacts {
-                    result: &applied.result,
-                    tenant: applied.tenant.as_ref(),
-                    state: ctx.state,
-                    now,
-                })
-            });
-            if let Some(entry) = entry {
-                applied.effects.push(Effect::Audit(Box::new(entry)));
-            }
-            let reply = Reply {
-                result: applied.result,
-                tenant: applied.tenant,
-            };
-            Outcome {
-                effects: applied.effects,
-                finish: Some(Box::new(move |written| {
-                    let _ = tx.send(written.map(|()| reply));
-                })),
-            }
-        });
-        self.submit(job)?;
+        let job = OperationJob {
+            operation,
+            // Taken here: the request's origin is where the request runs, not on the writer.
+            origin: origin(),
+            audit,
+            answer,
+        };
+        self.submit(Box::new(job))?;
         match rx.await {
             Ok(reply) => reply,
             // Dropped unrun: the engine could not take writes.
@@ -230,7 +201,7 @@ impl RedisStore {
         }
     }
 
-    fn submit(&self, job: Job) -> Result<(), StoreError> {
+    fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
         if self.shared.closed() {
             return Err(StoreError::ShuttingDown);
         }
@@ -241,13 +212,7 @@ impl RedisStore {
     /// history over, so that a read of the history sees every change acknowledged before.
     async fn caught_up(&self) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |_: &mut Ctx<'_>| Outcome {
-            effects: Vec::new(),
-            finish: Some(Box::new(move |written| {
-                let _ = tx.send(written);
-            })),
-        });
-        self.submit(job)?;
+        self.submit(Box::new(Barrier(tx)))?;
         rx.await.unwrap_or_else(|_| Err(self.shared.unavailable()))
     }
 }
@@ -391,6 +356,8 @@ pub(crate) struct Counters {
     pub faults: AtomicU64,
     pub reloads: AtomicU64,
     pub unreplicated: AtomicU64,
+    /// Jobs answered without the lease (they changed nothing).
+    pub reads: AtomicU64,
 }
 
 impl Counters {

@@ -1,11 +1,13 @@
 //! The writer thread: it owns the instance's state and its connection to Redis, and runs
 //! operations in rounds.
 //!
-//! A round takes every queued operation (up to [`MAX_ROUND_JOBS`]), makes sure the
-//! instance holds the writer's lease and has read the log to its end, applies them to the
-//! state in order, and appends the records of those that changed something to the log in
-//! one script. Only then are they answered, reads and refusals included: a reply never
-//! shows what Redis has not acknowledged.
+//! A round takes every queued operation (up to [`MAX_ROUND_JOBS`]). An instance without the
+//! lease first reads the log to its end and answers those that change nothing (reads,
+//! refusals) from the state as the log ends, without taking the lease from the one that
+//! writes. For the rest, it makes sure it holds the writer's lease and has read the log to
+//! its end, applies them to the state in order, and appends the records of those that
+//! changed something to the log in one script. Only then are they answered, reads and
+//! refusals of that round included: a reply never shows what Redis has not acknowledged.
 //!
 //! **Faults.** A round whose append fails leaves the state ahead of the log: its operations
 //! are refused (`503`; an append whose answer was lost may have happened, and says so), and
@@ -23,8 +25,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ledger::{ArchiveLookup, Effect, Found, Millis, State};
+use ledger::{Millis, State};
 
+use super::jobs::{Ctx, Job};
 use super::log::{Lease, Link, Log, LogError, Refused, Settings};
 use super::{Counters, OpenReport, RedisConfig, RedisDurability};
 use crate::embedded::journal::{encode_record, JournalRecord};
@@ -46,40 +49,6 @@ const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// How long a history lookup waits for the history the instance has read.
 const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
-
-/// One operation, to be run on the writer thread against the state.
-pub type Job = Box<dyn FnOnce(&mut Ctx<'_>) -> Outcome + Send>;
-
-/// Answers a job once its records are in the log (or are not).
-pub type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
-
-/// What running a job came to: the effects to append, and how to answer it once they are
-/// in the log (or are not).
-#[derive(Default)]
-pub struct Outcome {
-    pub effects: Vec<Effect>,
-    pub finish: Option<Finish>,
-}
-
-/// What a job runs against.
-pub struct Ctx<'a> {
-    pub state: &'a mut State,
-    pub now: Millis,
-    projector: &'a Projector,
-}
-
-impl Ctx<'_> {
-    /// What the history holds for `lookup` (the archive of a reservation the state no
-    /// longer holds), once the history the instance has read is written.
-    pub fn archived(&self, lookup: &ArchiveLookup) -> Result<Found, String> {
-        self.projector.progress().wait_caught_up(HISTORY_CATCH_UP);
-        self.projector
-            .history()
-            .archived(lookup)
-            .map(|found| found.map(Arc::new))
-            .map_err(|e| e.to_string())
-    }
-}
 
 /// What the writer shares with the store's callers.
 pub struct Shared {
@@ -179,6 +148,7 @@ impl Shared {
             m("cycles_redis_handoffs_total", "Times this instance gave the lease up to another that wanted it.", true, get(&c.handoffs)),
             m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
             m("cycles_redis_unreplicated_total", "Rounds that did not reach the replicas asked for (--redis-replicas) in time: their operations were answered outcome unknown.", true, get(&c.unreplicated)),
+            m("cycles_redis_reads_without_lease_total", "Operations that changed nothing, answered by an instance without the writer's lease once it had read the log to its end.", true, get(&c.reads)),
             m("cycles_redis_reloads_total", "Times the state was read again from the log after a failed append.", true, get(&c.reloads)),
             m("cycles_redis_unavailable", "1 while Redis cannot be used and every operation is refused (the breaker is open).", false, u64::from(self.fault().is_some())),
             m("cycles_redis_lease_held", "1 while this instance holds the writer's lease.", false, u64::from(self.holding.load(Ordering::Relaxed))),
@@ -271,7 +241,7 @@ impl Writer {
     }
 
     /// Runs rounds until the store closes.
-    pub fn run(&mut self, queue: Receiver<Job>) {
+    pub fn run(&mut self, queue: Receiver<Box<dyn Job>>) {
         loop {
             let first = match queue.recv_timeout(IDLE_CHECK) {
                 Ok(job) => job,
@@ -358,7 +328,11 @@ impl Writer {
     }
 
     /// Runs one round (see the module's documentation).
-    fn round(&mut self, jobs: Vec<Job>) {
+    fn round(&mut self, jobs: Vec<Box<dyn Job>>) {
+        let jobs = self.read_without_lease(jobs);
+        if jobs.is_empty() {
+            return;
+        }
         if let Err(why) = self.writable() {
             self.shared.set_fault(Some(why));
             // Dropped unrun: each is refused with the fault.
@@ -379,7 +353,7 @@ impl Writer {
                 now,
                 projector: &self.shared.projector,
             };
-            let outcome = job(&mut ctx);
+            let outcome = job.run(&mut ctx);
             Counters::add(&self.shared.counters.commands, 1);
             finishes.extend(outcome.finish);
             if outcome.effects.is_empty() || encode_failed.is_some() {
@@ -410,6 +384,45 @@ impl Writer {
         for finish in finishes {
             finish(written.clone());
         }
+    }
+
+    /// Without the lease: reads the log to its end and answers the jobs that change
+    /// nothing from the state as it ends; gives back those that would change something
+    /// (they wait for the lease). A holder, a broken Redis or a state not yet read leave
+    /// them all to the round.
+    fn read_without_lease(&mut self, jobs: Vec<Box<dyn Job>>) -> Vec<Box<dyn Job>> {
+        let held = self.lease_until.is_some_and(|until| Instant::now() < until);
+        if held || self.fatal.is_some() || self.broken.is_some() || !self.loaded {
+            return jobs;
+        }
+        let caught_up = match self.link.get() {
+            Ok(conn) => self.log.version(conn),
+            Err(e) => Err(e),
+        }
+        .and_then(|version| self.catch_up(version, false));
+        if let Err(e) = caught_up {
+            self.broke(e);
+            return jobs;
+        }
+        let now = self.shared.clock.now_ms().max(self.last_now);
+        self.last_now = now;
+        let mut rest = Vec::new();
+        for job in jobs {
+            let mut ctx = Ctx {
+                state: &mut self.state,
+                now,
+                projector: &self.shared.projector,
+            };
+            match job.read(&mut ctx) {
+                Some(job) => rest.push(job),
+                None => {
+                    let c = &self.shared.counters;
+                    Counters::add(&c.commands, 1);
+                    Counters::add(&c.reads, 1);
+                }
+            }
+        }
+        rest
     }
 
     /// Appends the round's frames (records `base + 1 ..= upto`).
@@ -565,7 +578,7 @@ impl Writer {
             match self.log.acquire(self.link.get()?, lease)? {
                 Lease::Held(version) => {
                     waited(&self.shared);
-                    self.catch_up(version)?;
+                    self.catch_up(version, true)?;
                     Counters::add(&self.shared.counters.leases, 1);
                     self.lease_until = Some(sent + lease * 3 / 4);
                     self.held_since = Instant::now();
@@ -584,8 +597,9 @@ impl Writer {
         }
     }
 
-    /// Applies the rounds other instances appended, up to `version`.
-    fn catch_up(&mut self, version: u64) -> Result<(), LogError> {
+    /// Applies the rounds other instances appended, up to `version` at least; `exact`:
+    /// exactly (the lease is held, so nobody appends meanwhile).
+    fn catch_up(&mut self, version: u64, exact: bool) -> Result<(), LogError> {
         if version == self.applied {
             return Ok(());
         }
@@ -626,7 +640,7 @@ impl Writer {
         let read = replay.finish(last);
         Counters::add(&shared.counters.records_read, read);
         self.applied = last;
-        if last != version {
+        if last < version || (exact && last != version) {
             self.loaded = false;
             return Err(LogError::Corrupt(format!(
                 "the log's version is {version} but its records end at {last}"

@@ -1,0 +1,171 @@
+//! What the writer thread runs: an operation with the request it came from, or a barrier
+//! (a read of the history waiting for the instance to have read the log to its end).
+//!
+//! A job is run one of two ways. Under the writer's lease, [`Job::run`] applies it to the
+//! state and the round appends its effects. Without the lease, once the instance has read
+//! the log to its end, [`Job::read`] answers it on the spot if it changes nothing (a read,
+//! a refusal) and gives it back otherwise: reads on an instance that does not hold the
+//! lease do not take it from the one that writes.
+
+use std::sync::Arc;
+
+use ledger::{ArchiveLookup, Effect, Found, Millis, Operation, Origin, State};
+use tokio::sync::oneshot;
+
+use crate::history::Projector;
+use crate::{AuditFacts, AuditFn, Reply, StoreError};
+
+/// How long a history lookup waits for the history the instance has read.
+const HISTORY_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Answers a job once its records are in the log (or are not).
+pub type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// What running a job under the lease came to: the effects to append, and how to answer
+/// it once they are in the log (or are not).
+#[derive(Default)]
+pub struct Outcome {
+    pub effects: Vec<Effect>,
+    pub finish: Option<Finish>,
+}
+
+/// What a job runs against.
+pub struct Ctx<'a> {
+    pub state: &'a mut State,
+    pub now: Millis,
+    pub projector: &'a Projector,
+}
+
+impl Ctx<'_> {
+    /// What the history holds for `lookup` (the archive of a reservation the state no
+    /// longer holds), once the history the instance has read is written.
+    fn archived(&self, lookup: &ArchiveLookup) -> Result<Found, String> {
+        self.projector.progress().wait_caught_up(HISTORY_CATCH_UP);
+        self.projector
+            .history()
+            .archived(lookup)
+            .map(|found| found.map(Arc::new))
+            .map_err(|e| e.to_string())
+    }
+}
+
+pub trait Job: Send {
+    /// Answers the job if it changes nothing, without applying it (the state as the log
+    /// ends is the answer's); gives it back if it would change something.
+    fn read(self: Box<Self>, ctx: &mut Ctx<'_>) -> Option<Box<dyn Job>>;
+
+    /// Applies the job under the lease.
+    fn run(self: Box<Self>, ctx: &mut Ctx<'_>) -> Outcome;
+}
+
+/// The answer an operation's request waits for.
+pub type Answer<T> = oneshot::Sender<Result<Reply<T>, StoreError>>;
+
+/// One operation of a request.
+pub struct OperationJob<O: Operation> {
+    pub operation: O,
+    /// The request's origin, for the events the operation emits.
+    pub origin: Origin,
+    pub audit: Option<AuditFn<O::Output>>,
+    pub answer: Answer<O::Output>,
+}
+
+impl<O: Operation> OperationJob<O> {
+    /// What the history holds for the operation's lookup, if it has one; `Err` once the
+    /// request is answered with the failure.
+    fn found(&self, ctx: &Ctx<'_>) -> Result<Option<Found>, String> {
+        match self.operation.archive_lookup(ctx.state, ctx.now) {
+            None => Ok(None),
+            Some(lookup) => ctx.archived(&lookup).map(Some),
+        }
+    }
+
+    fn refuse(self, why: String) {
+        let _ = self.answer.send(Err(StoreError::Unavailable(why)));
+    }
+}
+
+impl<O: Operation> Job for OperationJob<O> {
+    fn read(self: Box<Self>, ctx: &mut Ctx<'_>) -> Option<Box<dyn Job>> {
+        // An audited request writes its entry whatever it answers.
+        if self.audit.is_some() {
+            return Some(self);
+        }
+        let found = match self.found(ctx) {
+            Ok(found) => found,
+            // Refused under the lease, as any operation whose history cannot be read.
+            Err(_) => return Some(self),
+        };
+        let origin = || self.origin.clone();
+        let staged = ledger::stage_in(ctx.state, self.operation.clone(), ctx.now, &origin, found);
+        if !staged.effects.is_empty() {
+            return Some(self);
+        }
+        let reply = Reply {
+            result: staged.result,
+            tenant: staged.tenant,
+        };
+        let _ = self.answer.send(Ok(reply));
+        None
+    }
+
+    fn run(self: Box<Self>, ctx: &mut Ctx<'_>) -> Outcome {
+        let found = match self.found(ctx) {
+            Ok(found) => found,
+            Err(why) => {
+                self.refuse(why);
+                return Outcome::default();
+            }
+        };
+        let OperationJob {
+            operation,
+            origin,
+            audit,
+            answer,
+        } = *self;
+        let now = ctx.now;
+        let origin = || origin.clone();
+        let mut applied = ledger::apply_in(ctx.state, operation, now, &origin, found);
+        let entry = audit.and_then(|audit| {
+            audit(AuditFacts {
+                result: &applied.result,
+                tenant: applied.tenant.as_ref(),
+                state: ctx.state,
+                now,
+            })
+        });
+        if let Some(entry) = entry {
+            applied.effects.push(Effect::Audit(Box::new(entry)));
+        }
+        let reply = Reply {
+            result: applied.result,
+            tenant: applied.tenant,
+        };
+        Outcome {
+            effects: applied.effects,
+            finish: Some(Box::new(move |written| {
+                let _ = answer.send(written.map(|()| reply));
+            })),
+        }
+    }
+}
+
+/// Answered once the instance has read the log to its end (and handed its history over).
+pub struct Barrier(pub oneshot::Sender<Result<(), StoreError>>);
+
+impl Job for Barrier {
+    fn read(self: Box<Self>, _: &mut Ctx<'_>) -> Option<Box<dyn Job>> {
+        let _ = self.0.send(Ok(()));
+        None
+    }
+
+    fn run(self: Box<Self>, _: &mut Ctx<'_>) -> Outcome {
+        let Barrier(answer) = *self;
+        Outcome {
+            effects: Vec::new(),
+            finish: Some(Box::new(move |written| {
+                let _ = answer.send(written);
+            })),
+        }
+    }
+}
