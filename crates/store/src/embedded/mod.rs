@@ -21,8 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 
-use std::time::Duration;
-
 use ledger::{ArchiveLookup, Found, Operation, State};
 
 use crate::history::History;
@@ -32,9 +30,6 @@ use commit::{Counters, Ledger, Shared, Step, Syncer, Wait};
 use journal::{JournalWriter, HEADER_LEN};
 pub use recovery::{recover, recover_with_history, Recovered};
 use waiters::Waiters;
-
-/// How long a read of the audit log waits for the entries of acknowledged changes.
-const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
 
 /// Journal bytes after which a snapshot is taken and older segments are dropped (at least;
 /// see [`EmbeddedConfig::snapshot_after_bytes`]).
@@ -257,7 +252,7 @@ impl EmbeddedStore {
                 self.shared.wait_durable(wait).await?;
             }
             let read = move || {
-                progress.wait_caught_up(HISTORY_CATCH_UP);
+                progress.wait_caught_up(crate::history::CATCH_UP);
                 history.archived(&lookup)
             };
             tokio::task::spawn_blocking(read)
@@ -367,19 +362,7 @@ impl Store for EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(&dyn History) -> io::Result<T> + Send + 'static,
     {
-        let history = self.shared.projector.history().clone();
-        let progress = self.shared.projector.progress().clone();
-        let read = move || {
-            // Read your writes: the history of changes acknowledged so far is written
-            // first (a few milliseconds behind at most, unless the disk is failing).
-            progress.wait_caught_up(HISTORY_CATCH_UP);
-            read(&*history)
-        };
-        match tokio::task::spawn_blocking(read).await {
-            Ok(Ok(page)) => Ok(page),
-            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-            Err(e) => Err(StoreError::Unavailable(format!("history read: {e}"))),
-        }
+        self.shared.projector.read_caught_up(read).await
     }
 
     async fn expire_history(&self) {

@@ -27,7 +27,7 @@ use ledger::{
     TERMINAL_RETENTION_MS,
 };
 
-use crate::Clock;
+use crate::{Clock, StoreError};
 pub use sqlite::{SqliteHistory, FILE_NAME};
 
 /// What a journal record leaves in the history store.
@@ -241,6 +241,9 @@ pub struct Projector {
 const QUEUE_DEPTH: usize = 1024;
 /// How often retention runs on its own.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(3600);
+/// How long a read of the history waits for the entries of changes already acknowledged
+/// (a few milliseconds behind at most, unless the disk is failing).
+pub const CATCH_UP: Duration = Duration::from_secs(5);
 
 impl Projector {
     /// Starts the writer for `history`, with `retention` run at start and then hourly.
@@ -293,6 +296,26 @@ impl Projector {
         Floor {
             history: self.history.clone(),
             progress: self.progress.clone(),
+        }
+    }
+
+    /// Runs `read` on the history, on the blocking pool, once every entry handed over so
+    /// far is written: a read sees the history of every change acknowledged before it.
+    pub async fn read_caught_up<T, F>(&self, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn History) -> io::Result<T> + Send + 'static,
+    {
+        let history = self.history.clone();
+        let progress = self.progress.clone();
+        let read = move || {
+            progress.wait_caught_up(CATCH_UP);
+            read(&*history)
+        };
+        match tokio::task::spawn_blocking(read).await {
+            Ok(Ok(page)) => Ok(page),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Err(e) => Err(StoreError::Unavailable(format!("history read: {e}"))),
         }
     }
 

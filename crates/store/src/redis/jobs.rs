@@ -15,9 +15,6 @@ use tokio::sync::oneshot;
 use crate::history::Projector;
 use crate::{AuditFacts, AuditFn, Reply, StoreError};
 
-/// How long a history lookup waits for the history the instance has read.
-const HISTORY_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// Answers a job once its records are in the log (or are not).
 pub type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
@@ -40,7 +37,9 @@ impl Ctx<'_> {
     /// What the history holds for `lookup` (the archive of a reservation the state no
     /// longer holds), once the history the instance has read is written.
     fn archived(&self, lookup: &ArchiveLookup) -> Result<Found, String> {
-        self.projector.progress().wait_caught_up(HISTORY_CATCH_UP);
+        self.projector
+            .progress()
+            .wait_caught_up(crate::history::CATCH_UP);
         self.projector
             .history()
             .archived(lookup)

@@ -44,9 +44,6 @@ use log::Keys;
 pub use log::Settings;
 use writer::{Shared, Writer};
 
-/// How long a read of the history waits for the entries of changes the instance has read.
-const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
-
 /// Operations queued for the writer, at most; more wait for room.
 const QUEUE_DEPTH: usize = 4096;
 
@@ -241,17 +238,7 @@ impl Store for RedisStore {
         F: FnOnce(&dyn History) -> io::Result<T> + Send + 'static,
     {
         self.caught_up().await?;
-        let history = self.shared.projector.history().clone();
-        let progress = self.shared.projector.progress().clone();
-        let read = move || {
-            progress.wait_caught_up(HISTORY_CATCH_UP);
-            read(&*history)
-        };
-        match tokio::task::spawn_blocking(read).await {
-            Ok(Ok(page)) => Ok(page),
-            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-            Err(e) => Err(StoreError::Unavailable(format!("history read: {e}"))),
-        }
+        self.shared.projector.read_caught_up(read).await
     }
 
     async fn expire_history(&self) {

@@ -47,8 +47,6 @@ const LEASE_POLL: Duration = Duration::from_millis(1);
 /// The first delay before a lost Redis is tried again; it doubles up to the second.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
-/// How long a history lookup waits for the history the instance has read.
-const HISTORY_CATCH_UP: Duration = Duration::from_secs(5);
 
 /// What the writer shares with the store's callers.
 pub struct Shared {
@@ -287,7 +285,7 @@ impl Writer {
         self.shared
             .projector
             .progress()
-            .wait_caught_up(HISTORY_CATCH_UP);
+            .wait_caught_up(crate::history::CATCH_UP);
         let held = self.shared.projector.history().held_seq().unwrap_or(0);
         let mut state = State::new();
         let mut last_now = Millis::MIN;
