@@ -9,13 +9,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::process::{client, Server, ADMIN_KEY};
+use crate::process::{assert_verify_ok, client, Server, ADMIN_KEY};
 
 const TENANT: &str = "crash";
 const SCOPE: &str = "tenant:crash";
@@ -29,20 +28,9 @@ const LOAD: Duration = Duration::from_millis(1_500);
 const KILL_CYCLES: usize = 3;
 
 /// `cycles verify --data-dir <dir>` must exit 0 and report OK.
-fn assert_verify_ok(data_dir: &Path) {
-    let output = Command::new(env!("CARGO_BIN_EXE_cycles"))
-        .arg("verify")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .output()
-        .expect("run cycles verify");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("OK"),
-        "cycles verify failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+fn assert_verify_data_dir_ok(data_dir: &Path) {
+    let dir = data_dir.to_str().expect("a UTF-8 path");
+    assert_verify_ok(&["--data-dir", dir]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -375,7 +363,7 @@ async fn restart_and_check(data_dir: &Path, logs: &Path, acked: &BTreeMap<String
         .expect("cycles_reservations_archived");
     assert!(archived > 0, "nothing was archived");
     server.terminate().await;
-    assert_verify_ok(data_dir);
+    assert_verify_data_dir_ok(data_dir);
 }
 
 struct Dirs {

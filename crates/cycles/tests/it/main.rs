@@ -4,6 +4,7 @@ mod admin_cli;
 mod audit_crash;
 mod crash;
 mod events_crash;
+mod ledger_http;
 mod logs;
 mod process;
 mod redis_faults;

@@ -192,3 +192,19 @@ pub fn client() -> reqwest::Client {
         .build()
         .expect("http client")
 }
+
+/// `cycles verify <args>` must exit 0 and report OK.
+pub fn assert_verify_ok(args: &[&str]) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cycles"))
+        .arg("verify")
+        .args(args)
+        .output()
+        .expect("run cycles verify");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("OK"),
+        "cycles verify {args:?} failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

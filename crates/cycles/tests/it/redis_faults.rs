@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::process::{client, free_port, RedisServe, Server, ADMIN_KEY};
+use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url};
+use crate::process::{client, free_port, RedisServe, Server};
 
 const TENANT: &str = "faults";
 const UNIT: &str = "USD_MICROCENTS";
@@ -26,15 +27,24 @@ const NAMESPACE: &str = "cycles-faults";
 
 /// Whether this machine has a Redis to test against (the tests need its binaries).
 fn redis_here() -> bool {
-    let here = std::env::var_os("CYCLES_TEST_REDIS_URL").is_some();
-    if !here {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CYCLES_TEST_REDIS_URL is not set in CI"
-        );
-        eprintln!("skipped: the Redis fault tests need CYCLES_TEST_REDIS_URL (and redis-server)");
-    }
-    here
+    redis_url("CYCLES_TEST_REDIS_URL").is_some()
+}
+
+/// A tenant, a key and a budget of `allocated` at the tenant's scope; answers the key.
+async fn provision_tenant(base: &str, allocated: i64) -> String {
+    let budgets = [(format!("tenant:{TENANT}"), allocated)];
+    provision(base, TENANT, &budgets, UNIT).await
+}
+
+/// A reserve of `ESTIMATE` under `idempotency_key`.
+async fn reserve(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    idempotency_key: &str,
+) -> (u16, Value) {
+    let body = reserve_body(idempotency_key);
+    call(http, base, "/v1/reservations", Some(key), Some(body)).await
 }
 
 /// A `redis-server` of the test's own, with its append-only file synced at every write.
@@ -117,70 +127,6 @@ impl Drop for RedisProcess {
     }
 }
 
-async fn call(
-    http: &reqwest::Client,
-    base: &str,
-    path: &str,
-    who: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let url = format!("{base}{path}");
-    let mut req = match &body {
-        Some(_) => http.post(url),
-        None => http.get(url),
-    };
-    req = match who {
-        None => req.header("X-Admin-API-Key", ADMIN_KEY),
-        Some(key) => req.header("X-Cycles-API-Key", key),
-    };
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    match req.send().await {
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            let text = resp.text().await.unwrap_or_default();
-            (
-                status,
-                serde_json::from_str(&text).unwrap_or(Value::String(text)),
-            )
-        }
-        Err(e) => panic!("the server must answer while Redis fails: {e}"),
-    }
-}
-
-/// A tenant, a key and a budget of `allocated` at the tenant's scope; answers the key.
-async fn provision(base: &str, allocated: i64) -> String {
-    let http = client();
-    let (s, b) = call(
-        &http,
-        base,
-        "/v1/admin/tenants",
-        None,
-        Some(json!({"tenant_id": TENANT, "name": TENANT})),
-    )
-    .await;
-    assert_eq!(s, 201, "{b}");
-    let (s, key) = call(
-        &http,
-        base,
-        "/v1/admin/api-keys",
-        None,
-        Some(json!({"tenant_id": TENANT, "name": "faults"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{key}");
-    let budget = json!({
-        "tenant_id": TENANT,
-        "scope": format!("tenant:{TENANT}"),
-        "unit": UNIT,
-        "allocated": {"unit": UNIT, "amount": allocated},
-    });
-    let (s, b) = call(&http, base, "/v1/admin/budgets", None, Some(budget)).await;
-    assert_eq!(s, 201, "{b}");
-    key["key_secret"].as_str().expect("secret").to_string()
-}
-
 fn reserve_body(idempotency_key: &str) -> Value {
     json!({
         "idempotency_key": idempotency_key,
@@ -226,27 +172,6 @@ async fn recovers(base: &str, within: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn assert_verify_ok(url: &str) {
-    let output = Command::new(env!("CARGO_BIN_EXE_cycles"))
-        .args([
-            "verify",
-            "--store",
-            "redis",
-            "--redis-url",
-            url,
-            "--redis-namespace",
-            NAMESPACE,
-        ])
-        .output()
-        .expect("run cycles verify");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("OK"),
-        "cycles verify failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 struct Rig {
@@ -299,14 +224,7 @@ async fn lifecycles(base: String, key: String, name: String, stop: Arc<AtomicBoo
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let (status, reply) = call(
-            &http,
-            &base,
-            "/v1/reservations",
-            Some(&key),
-            Some(reserve_body(&format!("{name}-r{n}"))),
-        )
-        .await;
+        let (status, reply) = reserve(&http, &base, &key, &format!("{name}-r{n}")).await;
         let id = match (status, reply["reservation_id"].as_str()) {
             (200, Some(id)) => id.to_string(),
             (503, _) => {
@@ -348,7 +266,7 @@ async fn kill_9_of_redis_under_load_loses_nothing_it_acknowledged() {
     }
     let mut rig = rig("200").await;
     let base = rig.server.base.clone();
-    let key = provision(&base, 1_000_000_000_000).await;
+    let key = provision_tenant(&base, 1_000_000_000_000).await;
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..8)
         .map(|c| {
@@ -403,16 +321,9 @@ async fn kill_9_of_redis_under_load_loses_nothing_it_acknowledged() {
     );
     assert!(checked > 0);
     // Writes go on after the restart.
-    let (s, r) = call(
-        &http,
-        &base,
-        "/v1/reservations",
-        Some(&key),
-        Some(reserve_body("after-restart")),
-    )
-    .await;
+    let (s, r) = reserve(&http, &base, &key, "after-restart").await;
     assert_eq!(s, 200, "{r}");
-    assert_verify_ok(&rig.redis.url());
+    assert_redis_ledger_ok(&rig.redis.url(), false, NAMESPACE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -422,7 +333,7 @@ async fn a_paused_or_slow_redis_is_answered_503_at_once_and_a_retry_never_double
     }
     let rig = rig("100").await;
     let base = rig.server.base.clone();
-    let key = provision(&base, 1_000_000).await;
+    let key = provision_tenant(&base, 1_000_000).await;
     let http = client();
     for (fault, retry_key) in [("pause", "paused-reserve"), ("sleep", "slept-reserve")] {
         let (held_before, _) = held_and_spent(&base, &key).await;
@@ -441,14 +352,7 @@ async fn a_paused_or_slow_redis_is_answered_503_at_once_and_a_retry_never_double
         tokio::time::sleep(Duration::from_millis(200)).await;
         // The request whose outcome the server loses: it may or may not be recorded.
         let started = Instant::now();
-        let (s, r) = call(
-            &http,
-            &base,
-            "/v1/reservations",
-            Some(&key),
-            Some(reserve_body(retry_key)),
-        )
-        .await;
+        let (s, r) = reserve(&http, &base, &key, retry_key).await;
         assert_eq!(s, 503, "{fault}: {r}");
         assert!(
             started.elapsed() < Duration::from_millis(1_500),
@@ -476,23 +380,9 @@ async fn a_paused_or_slow_redis_is_answered_503_at_once_and_a_retry_never_double
         recovers(&base, Duration::from_secs(10)).await;
         // The retry with the same key answers the first request, whatever became of it:
         // one hold, never two.
-        let (s, r) = call(
-            &http,
-            &base,
-            "/v1/reservations",
-            Some(&key),
-            Some(reserve_body(retry_key)),
-        )
-        .await;
+        let (s, r) = reserve(&http, &base, &key, retry_key).await;
         assert_eq!(s, 200, "{fault}: {r}");
-        let (s, again) = call(
-            &http,
-            &base,
-            "/v1/reservations",
-            Some(&key),
-            Some(reserve_body(retry_key)),
-        )
-        .await;
+        let (s, again) = reserve(&http, &base, &key, retry_key).await;
         assert_eq!(s, 200);
         assert_eq!(
             again["reservation_id"], r["reservation_id"],
@@ -505,7 +395,7 @@ async fn a_paused_or_slow_redis_is_answered_503_at_once_and_a_retry_never_double
             "{fault}: the retried reserve holds once"
         );
     }
-    assert_verify_ok(&rig.redis.url());
+    assert_redis_ledger_ok(&rig.redis.url(), false, NAMESPACE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -515,27 +405,13 @@ async fn a_flushed_redis_is_never_served() {
     }
     let rig = rig("200").await;
     let base = rig.server.base.clone();
-    let key = provision(&base, 1_000_000).await;
+    let key = provision_tenant(&base, 1_000_000).await;
     assert_eq!(rig.redis.cli(&["flushall"]).trim(), "OK");
     let http = client();
-    let (s, r) = call(
-        &http,
-        &base,
-        "/v1/reservations",
-        Some(&key),
-        Some(reserve_body("after-flush")),
-    )
-    .await;
+    let (s, r) = reserve(&http, &base, &key, "after-flush").await;
     assert_eq!(s, 503, "{r}");
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let (s, r) = call(
-        &http,
-        &base,
-        "/v1/reservations",
-        Some(&key),
-        Some(reserve_body("after-flush-2")),
-    )
-    .await;
+    let (s, r) = reserve(&http, &base, &key, "after-flush-2").await;
     assert_eq!(s, 503, "a flushed ledger is never served: {r}");
     assert!(!ready(&base).await);
     // Nothing was written to the empty Redis: no new ledger appeared in it.
@@ -570,15 +446,8 @@ async fn a_server_started_before_its_redis_serves_once_it_is_up() {
     assert!(!ready(&server.base).await);
     let _redis = RedisProcess::start(dir.path(), port);
     recovers(&server.base, Duration::from_secs(10)).await;
-    let key = provision(&server.base, 1_000_000).await;
-    let (s, r) = call(
-        &http,
-        &server.base,
-        "/v1/reservations",
-        Some(&key),
-        Some(reserve_body("once-up")),
-    )
-    .await;
+    let key = provision_tenant(&server.base, 1_000_000).await;
+    let (s, r) = reserve(&http, &server.base, &key, "once-up").await;
     assert_eq!(s, 200, "{r}");
 }
 
@@ -601,16 +470,9 @@ async fn writes_wait_for_the_replicas_asked_for() {
     serve.extra = vec!["--redis-replicas", "1"];
     let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
     let base = server.base.clone();
-    let key = provision(&base, 1_000_000).await;
+    let key = provision_tenant(&base, 1_000_000).await;
     let http = client();
-    let (s, r) = call(
-        &http,
-        &base,
-        "/v1/reservations",
-        Some(&key),
-        Some(reserve_body("replicated")),
-    )
-    .await;
+    let (s, r) = reserve(&http, &base, &key, "replicated").await;
     assert_eq!(s, 200, "{r}");
     let log = format!("{{{NAMESPACE}}}:log");
     let on_replica: u64 = replica.cli(&["xlen", &log]).trim().parse().expect("xlen");
@@ -621,14 +483,7 @@ async fn writes_wait_for_the_replicas_asked_for() {
     );
     // Without its replica, a write is recorded by the primary but not acknowledged.
     replica.kill9();
-    let (s, r) = call(
-        &http,
-        &base,
-        "/v1/reservations",
-        Some(&key),
-        Some(reserve_body("unreplicated")),
-    )
-    .await;
+    let (s, r) = reserve(&http, &base, &key, "unreplicated").await;
     assert_eq!(s, 503, "{r}");
     assert!(
         r["message"]
@@ -641,14 +496,7 @@ async fn writes_wait_for_the_replicas_asked_for() {
     linked(&replica);
     recovers(&base, Duration::from_secs(10)).await;
     // Its retry answers it from the log: held once.
-    let (s, r) = call(
-        &http,
-        &base,
-        "/v1/reservations",
-        Some(&key),
-        Some(reserve_body("unreplicated")),
-    )
-    .await;
+    let (s, r) = reserve(&http, &base, &key, "unreplicated").await;
     assert_eq!(s, 200, "{r}");
     let (held, _) = held_and_spent(&base, &key).await;
     assert_eq!(held, 2 * ESTIMATE);

@@ -9,14 +9,13 @@
 //! one: `CYCLES_TEST_REDIS_CLUSTER_URL` (`.ci/run` sets both); without them the tests pass
 //! without running, saying so.
 
-use std::process::Command;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::process::{client, RedisServe, Server, ADMIN_KEY};
+use crate::ledger_http::{assert_redis_ledger_ok, call, namespace, provision, redis_url};
+use crate::process::{client, RedisServe, Server};
 
 const INSTANCES: usize = 3;
 const CLIENTS: usize = 200;
@@ -29,86 +28,6 @@ const ESTIMATE: i64 = 1_000;
 const SHARED_ALLOCATED: i64 = (CLIENTS * LIFECYCLES) as i64 * ESTIMATE / 10;
 /// Each client's own budget covers three of its five holds.
 const OWN_ALLOCATED: i64 = 3 * ESTIMATE;
-
-fn redis_url(var: &str) -> Option<String> {
-    let url = std::env::var(var).ok();
-    if url.is_none() {
-        // In CI every storm must run: a missing server is a failure, not a skip.
-        assert!(std::env::var_os("CI").is_none(), "{var} is not set in CI");
-        eprintln!("skipped: this storm needs {var}");
-    }
-    url
-}
-
-/// A ledger of this test's own in the shared Redis.
-fn namespace(name: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("cycles-storm-{name}-{}-{nanos}", std::process::id())
-}
-
-async fn call(
-    http: &reqwest::Client,
-    base: &str,
-    path: &str,
-    who: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let url = format!("{base}{path}");
-    let mut req = match &body {
-        Some(_) => http.post(url),
-        None => http.get(url),
-    };
-    req = match who {
-        None => req.header("X-Admin-API-Key", ADMIN_KEY),
-        Some(key) => req.header("X-Cycles-API-Key", key),
-    };
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req.send().await.expect("request");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-/// A tenant with a key and the given budgets; answers the key's secret.
-async fn provision(base: &str, tenant: &str, budgets: &[(String, i64)]) -> String {
-    let http = client();
-    let (s, b) = call(
-        &http,
-        base,
-        "/v1/admin/tenants",
-        None,
-        Some(json!({"tenant_id": tenant, "name": tenant})),
-    )
-    .await;
-    assert_eq!(s, 201, "{b}");
-    let (s, key) = call(
-        &http,
-        base,
-        "/v1/admin/api-keys",
-        None,
-        Some(json!({"tenant_id": tenant, "name": "storm"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{key}");
-    for (scope, allocated) in budgets {
-        let body = json!({
-            "tenant_id": tenant,
-            "scope": scope,
-            "unit": UNIT,
-            "allocated": {"unit": UNIT, "amount": allocated},
-        });
-        let (s, b) = call(&http, base, "/v1/admin/budgets", None, Some(body)).await;
-        assert_eq!(s, 201, "{b}");
-    }
-    key["key_secret"].as_str().expect("secret").to_string()
-}
 
 /// What one client was told.
 #[derive(Debug, Default)]
@@ -232,23 +151,6 @@ async fn assert_every_instance_wrote(bases: &[String]) {
     );
 }
 
-fn assert_verify_ok(fleet: &Fleet) {
-    let mut verify = Command::new(env!("CARGO_BIN_EXE_cycles"));
-    verify.args(["verify", "--store", "redis", "--redis-url", &fleet.url]);
-    verify.args(["--redis-namespace", &fleet.namespace]);
-    if fleet.cluster {
-        verify.arg("--redis-cluster");
-    }
-    let output = verify.output().expect("run cycles verify");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("OK"),
-        "cycles verify --store redis failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 struct Fleet {
     servers: Vec<Server>,
     bases: Arc<Vec<String>>,
@@ -271,7 +173,7 @@ impl Drop for Fleet {
 
 /// `INSTANCES` servers on a new ledger named after `name`.
 async fn fleet(url: String, cluster: bool, name: &str) -> Fleet {
-    let namespace = namespace(name);
+    let namespace = namespace(&format!("storm-{name}"));
     let mut servers = Vec::new();
     let mut dirs = Vec::new();
     for _ in 0..INSTANCES {
@@ -336,7 +238,7 @@ async fn instances_on_a_redis_cluster_share_one_budget_exactly() {
 
 async fn shared_budget_storm(fleet: Fleet) {
     let budgets = [("tenant:storm".to_string(), SHARED_ALLOCATED)];
-    let key = provision(&fleet.bases[0], "storm", &budgets).await;
+    let key = provision(&fleet.bases[0], "storm", &budgets, UNIT).await;
     let told = storm(&fleet, &key, |_| json!({"tenant": "storm"})).await;
     let charged: i64 = told.iter().map(|t| t.charged).sum();
     let holds: usize = told.iter().map(|t| t.holds).sum();
@@ -363,7 +265,7 @@ async fn shared_budget_storm(fleet: Fleet) {
     assert_eq!(remaining, allocated - spent);
     assert!(remaining >= 0);
     assert_every_instance_wrote(&fleet.bases).await;
-    assert_verify_ok(&fleet);
+    assert_redis_ledger_ok(&fleet.url, fleet.cluster, &fleet.namespace);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -374,7 +276,7 @@ async fn instances_keep_every_clients_own_budget_exact() {
     let fleet = fleet(url, false, "isolated").await;
     let scope = |c: usize| format!("tenant:iso/workspace:w{c}");
     let budgets: Vec<(String, i64)> = (0..CLIENTS).map(|c| (scope(c), OWN_ALLOCATED)).collect();
-    let key = provision(&fleet.bases[0], "iso", &budgets).await;
+    let key = provision(&fleet.bases[0], "iso", &budgets, UNIT).await;
     let told = storm(
         &fleet,
         &key,
@@ -404,5 +306,5 @@ async fn instances_keep_every_clients_own_budget_exact() {
         assert_eq!(remaining, allocated - spent, "client {c}");
     }
     assert_every_instance_wrote(&fleet.bases).await;
-    assert_verify_ok(&fleet);
+    assert_redis_ledger_ok(&fleet.url, fleet.cluster, &fleet.namespace);
 }
