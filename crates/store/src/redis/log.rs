@@ -7,6 +7,7 @@
 //! sequence number in it. Only the holder of `lease` appends, and only where the log ends
 //! where its round starts.
 
+use std::io::Read;
 use std::time::Duration;
 
 use ::redis::{ConnectionLike, Script, Value};
@@ -394,11 +395,11 @@ fn decode_round(
     mut last: u64,
     each: &mut impl FnMut(JournalRecord),
 ) -> Result<u64, LogError> {
-    let mut bytes = Vec::with_capacity(frames.len() + 8);
-    bytes.extend_from_slice(&segment_header());
-    bytes.extend_from_slice(frames);
+    // Read as a journal segment: its header, then the entry's frames (not copied).
+    let header = segment_header();
+    let len = (header.len() + frames.len()) as u64;
     let mut gap = None;
-    let valid = read_records(&mut &bytes[..], bytes.len() as u64, 0, |record| {
+    let valid = read_records(&mut header.chain(frames), len, 0, |record| {
         if record.seq != last + 1 {
             gap = Some(record.seq);
             return false;
@@ -415,7 +416,7 @@ fn decode_round(
             "the log continues at record {seq} after {last}: records are missing"
         )));
     }
-    if valid != Some(bytes.len() as u64) {
+    if valid != Some(len) {
         return Err(LogError::Corrupt("a log entry is damaged".into()));
     }
     Ok(last)
