@@ -95,6 +95,13 @@ struct RedisArgs {
     /// unknown". 0: the primary's acknowledgement is enough. Not with --redis-cluster.
     #[arg(long, env = "CYCLES_REDIS_REPLICAS", default_value_t = 0)]
     redis_replicas: u32,
+    /// Records the ledger's log in Redis may hold past its snapshot before a compaction
+    /// replaces them by a new snapshot (its history moves to streams trimmed by retention):
+    /// this bounds Redis's memory and what an instance replays to start.
+    #[arg(long, env = "CYCLES_REDIS_SNAPSHOT_RECORDS",
+        default_value_t = store::redis::DEFAULT_SNAPSHOT_RECORDS,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    redis_snapshot_records: u64,
 }
 
 /// Bounds on what clients can hold (see the README's "Limits").
@@ -417,6 +424,7 @@ fn open_redis(args: &ServeArgs, retention: Retention) -> anyhow::Result<(store::
     config.timeout = Duration::from_millis(r.redis_timeout_ms);
     config.lease = Duration::from_millis(r.redis_lease_ms);
     config.replicas = r.redis_replicas;
+    config.snapshot_records = r.redis_snapshot_records;
     config.retention = retention;
     let opening = std::time::Instant::now();
     let (store, report) = RedisStore::open(config).context("opening the Redis engine")?;

@@ -28,23 +28,27 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
     report(&violations)
 }
 
-/// Reads a Redis engine's ledger (its whole log, read-only) and checks it.
+/// Reads a Redis engine's ledger (its snapshot and the log after it, read-only) and checks
+/// it.
 pub fn run_redis(target: &RedisTarget) -> anyhow::Result<()> {
-    let (records, state, violations) = store::redis::verify(
+    let verified = store::redis::verify(
         &target.redis_url,
         target.redis_cluster,
         &target.redis_namespace,
     )?;
+    let snapshot = verified
+        .snapshot
+        .map_or("none".to_string(), |v| format!("up to record {v}"));
     println!(
-        "ledger '{}': log records read: {records}",
-        target.redis_namespace
+        "ledger '{}': snapshot: {snapshot}, log records read after it: {}",
+        target.redis_namespace, verified.records
     );
     println!(
         "budgets: {}, reservations: {}",
-        state.budgets().count(),
-        state.reservation_count()
+        verified.state.budgets().count(),
+        verified.state.reservation_count()
     );
-    report(&violations)
+    report(&verified.violations)
 }
 
 fn report(violations: &[ledger::Violation]) -> anyhow::Result<()> {

@@ -44,18 +44,36 @@ pub fn write_snapshot<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Resul
         .create(true)
         .truncate(true)
         .open(&tmp)?;
+    encode_into(&mut file, seq, data)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&tmp, &path)?;
+    sync_dir(dir)?;
+    Ok(path)
+}
+
+/// A snapshot's bytes, exactly as its file holds them (the Redis engine keeps them in
+/// Redis); read back with [`parse_snapshot`].
+pub fn encode_snapshot<T: Serialize>(seq: u64, data: &T) -> io::Result<Vec<u8>> {
+    let mut out = io::Cursor::new(Vec::new());
+    encode_into(&mut out, seq, data)?;
+    Ok(out.into_inner())
+}
+
+/// Writes the header, streams the payload after it, then fills in its length and checksum.
+fn encode_into<W: Write + Seek, T: Serialize>(out: &mut W, seq: u64, data: &T) -> io::Result<()> {
     let mut header = Vec::with_capacity(HEADER_LEN as usize);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     header.extend_from_slice(&seq.to_le_bytes());
     header.resize(HEADER_LEN as usize, 0);
-    file.write_all(&header)?;
-    // The checksum is taken of the buffer's whole chunks as they go to the file, not of
-    // each field's few bytes as the encoder writes them.
+    out.write_all(&header)?;
+    // The checksum is taken of the buffer's whole chunks as they go out, not of each
+    // field's few bytes as the encoder writes them.
     let mut payload = BufWriter::with_capacity(
         1 << 20,
         Checksummed {
-            inner: &mut file,
+            inner: &mut *out,
             len: 0,
             crc: 0,
         },
@@ -64,14 +82,11 @@ pub fn write_snapshot<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Resul
         .map_err(|e| io::Error::other(format!("snapshot encode: {e}")))?;
     let summed = payload.into_inner().map_err(|e| e.into_error())?;
     let (len, crc) = (summed.len, summed.crc);
-    file.seek(SeekFrom::Start(16))?;
-    file.write_all(&len.to_le_bytes())?;
-    file.write_all(&crc.to_le_bytes())?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(&tmp, &path)?;
-    sync_dir(dir)?;
-    Ok(path)
+    out.seek(SeekFrom::Start(16))?;
+    out.write_all(&len.to_le_bytes())?;
+    out.write_all(&crc.to_le_bytes())?;
+    out.seek(SeekFrom::End(0))?;
+    Ok(())
 }
 
 /// Counts and checksums what passes through.

@@ -96,34 +96,61 @@ impl Link {
 /// The names of one ledger's keys.
 #[derive(Debug, Clone)]
 pub struct Keys {
-    marker: String,
-    version: String,
-    log: String,
-    lease: String,
-    want: String,
+    namespace: String,
+    pub marker: String,
+    pub version: String,
+    pub log: String,
+    pub lease: String,
+    pub want: String,
+    /// The snapshot the log starts after (a hash: its name, version, parts, time, size).
+    pub snapshot: String,
+    /// Names of snapshots whose parts may be in Redis besides the current one's (being
+    /// written, or replaced): the compactor deletes them.
+    pub pending: String,
+    /// The compactor's lock: one instance compacts at a time.
+    pub compacting: String,
 }
 
 impl Keys {
     pub fn new(namespace: &str) -> Keys {
         let key = |name: &str| format!("{{{namespace}}}:{name}");
         Keys {
+            namespace: namespace.to_string(),
             marker: key("marker"),
             version: key("version"),
             log: key("log"),
             lease: key("lease"),
             want: key("want"),
+            snapshot: key("snapshot"),
+            pending: key("snapshot-pending"),
+            compacting: key("compacting"),
         }
     }
 
-    /// Every key of the ledger.
-    pub fn all(&self) -> [&str; 5] {
-        [
-            &self.marker,
-            &self.version,
-            &self.log,
-            &self.lease,
-            &self.want,
-        ]
+    /// Part `i` of the snapshot named `name`.
+    pub fn snapshot_part(&self, name: &str, i: u64) -> String {
+        format!("{{{}}}:snapshot:{name}:{i}", self.namespace)
+    }
+
+    /// The stream of one kind of history taken out of the log.
+    pub fn history(&self, kind: &str) -> String {
+        format!("{{{}}}:history:{kind}", self.namespace)
+    }
+
+    /// Every key of the ledger but its snapshots' parts.
+    pub fn fixed(&self) -> Vec<String> {
+        let mut keys = vec![
+            self.marker.clone(),
+            self.version.clone(),
+            self.log.clone(),
+            self.lease.clone(),
+            self.want.clone(),
+            self.snapshot.clone(),
+            self.pending.clone(),
+            self.compacting.clone(),
+        ];
+        keys.extend(super::compaction::HistoryKind::ALL.map(|k| self.history(k.name())));
+        keys
     }
 }
 
@@ -151,6 +178,10 @@ pub enum LogError {
     Redis(#[from] redis::RedisError),
     #[error("{0}")]
     Corrupt(String),
+    /// The log no longer holds the records after the one asked for: a compaction replaced
+    /// them by a snapshot, to be read instead.
+    #[error("the log was compacted past record {0}: reading the ledger from its snapshot")]
+    Compacted(u64),
 }
 
 impl LogError {
@@ -377,16 +408,46 @@ impl Log {
                 .arg(READ_PAGE)
                 .query(conn.link())?;
             if page.ids.is_empty() {
+                if last == after {
+                    // Nothing after `after`: the log may end there, or have been compacted
+                    // past it with nothing appended since.
+                    return match super::compaction::pointer(conn, &self.keys)? {
+                        Some(pointer) if pointer.version > after => Err(LogError::Compacted(after)),
+                        _ => Ok(last),
+                    };
+                }
                 return Ok(last);
             }
             for entry in &page.ids {
                 let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
                     LogError::Corrupt(format!("log entry {} has no records", entry.id))
                 })?;
-                last = decode_round(&frames, last, &mut each)?;
+                last = match decode_round(&frames, last, &mut each) {
+                    Err(Gap { last, next }) => return Err(self.gap(conn, last, next)),
+                    Ok(Ok(last)) => last,
+                    Ok(Err(e)) => return Err(e),
+                };
             }
         }
     }
+
+    /// What records missing after `last` mean: a compaction removed them, or the log is
+    /// damaged.
+    fn gap(&self, conn: &mut Conn, last: u64, next: u64) -> LogError {
+        match super::compaction::pointer(conn, &self.keys) {
+            Ok(Some(pointer)) if pointer.version > last => LogError::Compacted(last),
+            Ok(_) => LogError::Corrupt(format!(
+                "the log continues at record {next} after {last}: records are missing"
+            )),
+            Err(e) => e,
+        }
+    }
+}
+
+/// Records missing from the log: the last one read, and the next one found.
+struct Gap {
+    last: u64,
+    next: u64,
 }
 
 /// Decodes one log entry's records, which must continue from `last`; answers the new last.
@@ -394,7 +455,7 @@ fn decode_round(
     frames: &[u8],
     mut last: u64,
     each: &mut impl FnMut(JournalRecord),
-) -> Result<u64, LogError> {
+) -> Result<Result<u64, LogError>, Gap> {
     // Read as a journal segment: its header, then the entry's frames (not copied).
     let header = segment_header();
     let len = (header.len() + frames.len()) as u64;
@@ -407,19 +468,17 @@ fn decode_round(
         last = record.seq;
         each(record);
         true
+    });
+    if let Some(next) = gap {
+        return Err(Gap { last, next });
+    }
+    Ok(match valid {
+        Err(what) => Err(LogError::Corrupt(format!(
+            "a log entry holds {what} this build cannot read"
+        ))),
+        Ok(valid) if valid != Some(len) => Err(LogError::Corrupt("a log entry is damaged".into())),
+        Ok(_) => Ok(last),
     })
-    .map_err(|what| {
-        LogError::Corrupt(format!("a log entry holds {what} this build cannot read"))
-    })?;
-    if let Some(seq) = gap {
-        return Err(LogError::Corrupt(format!(
-            "the log continues at record {seq} after {last}: records are missing"
-        )));
-    }
-    if valid != Some(len) {
-        return Err(LogError::Corrupt("a log entry is damaged".into()));
-    }
-    Ok(last)
 }
 
 fn parse_u64(text: &str) -> Result<u64, LogError> {

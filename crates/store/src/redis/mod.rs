@@ -18,9 +18,14 @@
 //! same bytes the embedded engine journals.
 //!
 //! Each instance keeps the history (audit entries, events, deliveries, archived
-//! reservations) the log carries in a local history store, a cache it rebuilds from the log
+//! reservations) the log carries in a local history store, a cache it rebuilds from Redis
 //! at start.
+//!
+//! The log does not grow for ever: once it holds enough records past the last snapshot, a
+//! compaction replaces them by a snapshot of the state and moves the history they carried
+//! to streams of their own, trimmed by retention (see [`compaction`]).
 
+mod compaction;
 mod jobs;
 mod log;
 mod writer;
@@ -88,11 +93,16 @@ pub struct RedisConfig {
     pub history_dir: PathBuf,
     pub clock: Arc<dyn Clock>,
     pub retention: Retention,
+    /// Records the log holds past its snapshot before a compaction replaces them (and how
+    /// many an instance replays to start, at most, beyond those appended meanwhile).
+    pub snapshot_records: u64,
 }
 
 /// The defaults of [`RedisConfig`]'s timings.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_LEASE: Duration = Duration::from_millis(2000);
+/// The default of [`RedisConfig::snapshot_records`]: about 1 s of replay to start.
+pub const DEFAULT_SNAPSHOT_RECORDS: u64 = 100_000;
 
 impl RedisConfig {
     pub fn new(
@@ -111,6 +121,7 @@ impl RedisConfig {
             history_dir: history_dir.into(),
             clock,
             retention: Retention::default(),
+            snapshot_records: DEFAULT_SNAPSHOT_RECORDS,
         }
     }
 }
@@ -278,14 +289,20 @@ impl Drop for RedisStore {
     }
 }
 
-/// Reads a ledger's whole log from Redis, read-only (no lease is taken, nothing is
-/// written), and checks the ledger's rules on the state it makes. Answers the records read,
-/// the state and what it breaks.
-pub fn verify(
-    url: &str,
-    cluster: bool,
-    namespace: &str,
-) -> io::Result<(u64, ledger::State, Vec<ledger::Violation>)> {
+/// What [`verify`] read and found.
+pub struct Verified {
+    /// The last record of the snapshot the log starts after, if it was compacted.
+    pub snapshot: Option<u64>,
+    /// The log's records read after it.
+    pub records: u64,
+    pub state: ledger::State,
+    /// The ledger's rules the state breaks.
+    pub violations: Vec<ledger::Violation>,
+}
+
+/// Reads a ledger from Redis (its snapshot and the log after it), read-only (no lease is
+/// taken, nothing is written), and checks the ledger's rules on the state it makes.
+pub fn verify(url: &str, cluster: bool, namespace: &str) -> io::Result<Verified> {
     let fail = |e: log::LogError| io::Error::other(e.to_string());
     let mut conn =
         log::Conn::open(url, cluster, Duration::from_secs(10)).map_err(|e| fail(e.into()))?;
@@ -299,17 +316,36 @@ pub fn verify(
         }
         Err(e) => return Err(fail(e)),
     }
-    let mut state = ledger::State::new();
-    let mut records = 0;
-    log.read_after(&mut conn, 0, |record| {
-        records += 1;
-        for effect in &record.effects {
-            state.apply_effect(effect);
+    // A compaction between reading the snapshot and the log after it: read again.
+    for _ in 0..4 {
+        let (mut state, snapshot) = match compaction::load_snapshot(&mut conn, &log.keys) {
+            Ok(Some((pointer, state))) => (state, Some(pointer.version)),
+            Ok(None) => (ledger::State::new(), None),
+            Err(e) => return Err(fail(e)),
+        };
+        let mut records = 0;
+        let read = log.read_after(&mut conn, snapshot.unwrap_or(0), |record| {
+            records += 1;
+            for effect in &record.effects {
+                state.apply_effect(effect);
+            }
+        });
+        match read {
+            Err(log::LogError::Compacted(_)) => continue,
+            Err(e) => return Err(fail(e)),
+            Ok(_) => {
+                return Ok(Verified {
+                    snapshot,
+                    records,
+                    violations: state.verify(),
+                    state,
+                })
+            }
         }
-    })
-    .map_err(fail)?;
-    let violations = state.verify();
-    Ok((records, state, violations))
+    }
+    Err(io::Error::other(
+        "the ledger was compacted every time it was read",
+    ))
 }
 
 /// Deletes a ledger from Redis: every key of `namespace`, for good. For tests, which each
@@ -318,8 +354,24 @@ pub fn verify(
 pub fn delete_ledger(url: &str, cluster: bool, namespace: &str) -> io::Result<()> {
     let fail = |e: ::redis::RedisError| io::Error::other(e.to_string());
     let mut conn = log::Conn::open(url, cluster, Duration::from_secs(10)).map_err(fail)?;
+    let keys = Keys::new(namespace);
+    // The snapshots' parts first: the pointer and the pending list name them.
+    let mut names: Vec<String> = ::redis::cmd("SMEMBERS")
+        .arg(&keys.pending)
+        .query(conn.link())
+        .map_err(fail)?;
+    let current: Option<String> = ::redis::cmd("HGET")
+        .arg(&keys.snapshot)
+        .arg("name")
+        .query(conn.link())
+        .map_err(fail)?;
+    names.extend(current);
+    for name in names {
+        compaction::delete_parts(&mut conn, &keys, &name)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+    }
     let mut del = ::redis::cmd("DEL");
-    for key in Keys::new(namespace).all() {
+    for key in keys.fixed() {
         del.arg(key);
     }
     del.query::<i64>(conn.link()).map_err(fail)?;
@@ -345,6 +397,8 @@ pub(crate) struct Counters {
     pub unreplicated: AtomicU64,
     /// Jobs answered without the lease (they changed nothing).
     pub reads: AtomicU64,
+    pub snapshots: AtomicU64,
+    pub snapshot_failures: AtomicU64,
 }
 
 impl Counters {

@@ -23,10 +23,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use ledger::{Millis, State};
 
+use super::compaction::{self, Compacted, Compactor};
 use super::jobs::{Ctx, Job};
 use super::log::{Lease, Link, Log, LogError, Refused, Settings};
 use super::{Counters, OpenReport, RedisConfig, RedisDurability};
@@ -44,6 +46,12 @@ const HANDOFF_AFTER: Duration = Duration::from_millis(2);
 const LEASE_WAIT: Duration = Duration::from_secs(5);
 /// How long a waiting instance sleeps between two asks for the lease, at most.
 const LEASE_POLL: Duration = Duration::from_millis(1);
+/// How long after a compaction starts the next one may, at the soonest (one that failed is
+/// not tried again at once).
+const COMPACTION_SPACING: Duration = Duration::from_secs(1);
+/// How long one of the compactor's commands may take: it works in the background, and
+/// moves a snapshot's parts.
+const COMPACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// The first delay before a lost Redis is tried again; it doubles up to the second.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -62,6 +70,9 @@ pub struct Shared {
     budgets: AtomicU64,
     deliveries_due: AtomicU64,
     archived_keys: AtomicU64,
+    /// The last record of the ledger's snapshot, as last seen.
+    snapshot_version: AtomicU64,
+    snapshot_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -78,6 +89,8 @@ impl Shared {
             budgets: AtomicU64::new(0),
             deliveries_due: AtomicU64::new(0),
             archived_keys: AtomicU64::new(0),
+            snapshot_version: AtomicU64::new(0),
+            snapshot_bytes: AtomicU64::new(0),
         }
     }
 
@@ -147,7 +160,11 @@ impl Shared {
             m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
             m("cycles_redis_unreplicated_total", "Rounds that did not reach the replicas asked for (--redis-replicas) in time: their operations were answered outcome unknown.", true, get(&c.unreplicated)),
             m("cycles_redis_reads_without_lease_total", "Operations that changed nothing, answered by an instance without the writer's lease once it had read the log to its end.", true, get(&c.reads)),
-            m("cycles_redis_reloads_total", "Times the state was read again from the log after a failed append.", true, get(&c.reloads)),
+            m("cycles_redis_reloads_total", "Times the state was read again from Redis: after a failed append, or found behind a compaction.", true, get(&c.reloads)),
+            m("cycles_redis_snapshots_total", "Compactions this instance made: the log's head replaced by a snapshot of the state, its history moved to the history streams.", true, get(&c.snapshots)),
+            m("cycles_redis_snapshot_failures_total", "Compactions this instance started that failed (the log keeps its records; another is tried later).", true, get(&c.snapshot_failures)),
+            m("cycles_redis_snapshot_version", "The last record of the ledger's snapshot in Redis, as this instance last saw it: the log holds the records after it.", false, get(&self.snapshot_version)),
+            m("cycles_redis_snapshot_bytes", "The size of the last snapshot this instance wrote.", false, get(&self.snapshot_bytes)),
             m("cycles_redis_unavailable", "1 while Redis cannot be used and every operation is refused (the breaker is open).", false, u64::from(self.fault().is_some())),
             m("cycles_redis_lease_held", "1 while this instance holds the writer's lease.", false, u64::from(self.holding.load(Ordering::Relaxed))),
             m("cycles_redis_log_version", "The last record of the ledger's log this instance has applied.", false, get(&self.version)),
@@ -196,6 +213,11 @@ pub struct Writer {
     fatal: Option<String>,
     frames: Vec<u8>,
     shared: Arc<Shared>,
+    compactor: Compactor,
+    /// Records past the snapshot that start a compaction.
+    snapshot_records: u64,
+    compaction: Option<JoinHandle<()>>,
+    compaction_started: Option<Instant>,
 }
 
 /// Who this instance is, as its lease names it.
@@ -205,12 +227,23 @@ fn holder_id() -> String {
 
 impl Writer {
     pub fn open(config: RedisConfig, shared: Arc<Shared>) -> std::io::Result<(Writer, OpenReport)> {
+        let holder = holder_id();
+        let compactor = Compactor {
+            url: config.url.clone(),
+            cluster: config.cluster,
+            keys: super::log::Keys::new(&config.namespace),
+            holder: holder.clone(),
+            retention: config.retention,
+            clock: config.clock.clone(),
+            timeout: COMPACTION_TIMEOUT,
+            snapshot_records: config.snapshot_records,
+        };
         let mut writer = Writer {
             durability: config.durability,
             lease: config.lease,
             timeout: config.timeout,
             replicas: config.replicas,
-            log: Log::new(&config.namespace, holder_id()),
+            log: Log::new(&config.namespace, holder),
             link: Link::new(config.url, config.cluster, config.timeout),
             state: State::new(),
             applied: 0,
@@ -224,6 +257,10 @@ impl Writer {
             fatal: None,
             frames: Vec::new(),
             shared,
+            compactor,
+            snapshot_records: config.snapshot_records,
+            compaction: None,
+            compaction_started: None,
         };
         let report = match writer.load() {
             Ok(report) => report,
@@ -261,10 +298,13 @@ impl Writer {
             self.publish_gauges();
         }
         self.give_up_lease();
+        if let Some(compaction) = self.compaction.take() {
+            let _ = compaction.join();
+        }
     }
 
     /// Connects, checks Redis's settings, finds (or, on first start, creates) the ledger and
-    /// reads its whole log into a new state.
+    /// reads it into a new state: its snapshot, then the log after it.
     fn load(&mut self) -> Result<OpenReport, LogError> {
         let durability = self.durability;
         let settings = Settings::read(self.link.get()?)?;
@@ -282,28 +322,62 @@ impl Writer {
             Some(known) if *known != marker => return Err(Refused::Wiped.into()),
             _ => self.marker = Some(marker.clone()),
         }
-        self.shared
-            .projector
+        // A compaction between reading the snapshot and the log after it: read again.
+        let mut attempts = 0;
+        let records = loop {
+            attempts += 1;
+            match self.load_state() {
+                Err(LogError::Compacted(_)) if attempts < 4 => continue,
+                result => break result?,
+            }
+        };
+        self.publish_gauges();
+        Ok(OpenReport {
+            ledger: marker,
+            created,
+            records,
+            settings: Some(settings),
+        })
+    }
+
+    /// Reads the ledger's snapshot and the log after it into a new state, and hands the
+    /// history store what it lacks; answers the log's records read.
+    fn load_state(&mut self) -> Result<u64, LogError> {
+        let projector = &self.shared.projector;
+        projector
             .progress()
             .wait_caught_up(crate::history::CATCH_UP);
-        let held = self.shared.projector.history().held_seq().unwrap_or(0);
-        let mut state = State::new();
-        let mut last_now = Millis::MIN;
-        let mut replay = Replay::new(&mut state, &mut last_now, &self.shared.projector, held);
+        let held = projector.history().held_seq().unwrap_or(0);
+        let conn = self.link.get()?;
+        let (mut state, from, mut last_now) = match compaction::load_snapshot(conn, &self.log.keys)?
+        {
+            Some((pointer, state)) => {
+                self.shared
+                    .snapshot_version
+                    .fetch_max(pointer.version, Ordering::Relaxed);
+                if held < pointer.version {
+                    compaction::replay_history(
+                        conn,
+                        &self.log.keys,
+                        projector,
+                        held,
+                        pointer.version,
+                    )?;
+                }
+                (state, pointer.version, pointer.at_ms)
+            }
+            None => (State::new(), 0, Millis::MIN),
+        };
+        let mut replay = Replay::new(&mut state, &mut last_now, projector, held);
         let last = self
             .log
-            .read_after(self.link.get()?, 0, |record| replay.record(record))?;
+            .read_after(conn, from, |record| replay.record(record))?;
         let records = replay.finish(last);
         if held > last {
             // Rounds this instance applied are gone from Redis (it lost acknowledged
             // writes): their history goes too, as the embedded engine cuts a history store
             // found ahead of its journal.
-            let trimmed = self
-                .shared
-                .projector
-                .history()
-                .trim_after(last)
-                .unwrap_or(0);
+            let trimmed = projector.history().trim_after(last).unwrap_or(0);
             tracing::error!(
                 held,
                 log = last,
@@ -316,13 +390,7 @@ impl Writer {
         self.last_now = last_now;
         self.loaded = true;
         self.lease_until = None;
-        self.publish_gauges();
-        Ok(OpenReport {
-            ledger: marker,
-            created,
-            records,
-            settings: Some(settings),
-        })
+        Ok(records)
     }
 
     /// Runs one round (see the module's documentation).
@@ -444,6 +512,7 @@ impl Writer {
                 Counters::add(&c.log_bytes, self.frames.len() as u64);
                 self.applied = upto;
                 self.lease_until = Some(sent + lease * 3 / 4);
+                self.maybe_compact();
                 // Handed over before the replies: whoever sees the change acknowledged
                 // finds its history on its way.
                 if !entries.is_empty() {
@@ -629,6 +698,13 @@ impl Writer {
         let read_to = log.read_after(conn, self.applied, |record| replay.record(record));
         let last = match read_to {
             Ok(last) => last,
+            Err(LogError::Compacted(_)) => {
+                // This instance is behind a compaction: it reads the snapshot.
+                drop(replay);
+                Counters::add(&self.shared.counters.reloads, 1);
+                self.load()?;
+                return self.check_caught_up(version, exact);
+            }
             Err(e) => {
                 // Some records may be applied already: the state is read again.
                 self.loaded = false;
@@ -638,6 +714,12 @@ impl Writer {
         let read = replay.finish(last);
         Counters::add(&shared.counters.records_read, read);
         self.applied = last;
+        self.check_caught_up(version, exact)
+    }
+
+    /// After reading the log: whether it ended where it had to.
+    fn check_caught_up(&mut self, version: u64, exact: bool) -> Result<(), LogError> {
+        let last = self.applied;
         if last < version || (exact && last != version) {
             self.loaded = false;
             return Err(LogError::Corrupt(format!(
@@ -645,6 +727,62 @@ impl Writer {
             )));
         }
         Ok(())
+    }
+
+    /// After an append: once the log holds enough records past the snapshot, a compactor
+    /// thread replaces them by a snapshot of the state as of now (see [`compaction`]).
+    fn maybe_compact(&mut self) {
+        if self.compaction.as_ref().is_some_and(|c| !c.is_finished()) {
+            return;
+        }
+        if let Some(done) = self.compaction.take() {
+            let _ = done.join();
+        }
+        let known = self.shared.snapshot_version.load(Ordering::Relaxed);
+        let spaced = self
+            .compaction_started
+            .is_none_or(|at| at.elapsed() >= COMPACTION_SPACING);
+        let (Some(marker), true) = (self.marker.clone(), spaced) else {
+            return;
+        };
+        if self.applied.saturating_sub(known) < self.snapshot_records {
+            return;
+        }
+        let (version, at_ms) = (self.applied, self.last_now);
+        let source = self.state.snapshot_source();
+        let compactor = self.compactor.clone();
+        let shared = self.shared.clone();
+        self.compaction_started = Some(Instant::now());
+        let spawned = thread::Builder::new()
+            .name("cycles-redis-compact".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let counters = &shared.counters;
+                match compactor.compact(&marker, version, at_ms, &source) {
+                    Ok(Compacted::Done { version, bytes }) => {
+                        shared.snapshot_version.fetch_max(version, Ordering::Relaxed);
+                        shared.snapshot_bytes.store(bytes, Ordering::Relaxed);
+                        Counters::add(&counters.snapshots, 1);
+                        tracing::info!(
+                            version,
+                            bytes,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "the ledger's log compacted into a snapshot"
+                        );
+                    }
+                    Ok(Compacted::Skipped(version)) => {
+                        shared.snapshot_version.fetch_max(version, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        Counters::add(&counters.snapshot_failures, 1);
+                        tracing::warn!(error = %e, version, "compacting the ledger's log failed; the log keeps its records");
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => self.compaction = Some(handle),
+            Err(e) => tracing::warn!(error = %e, "the compactor thread could not start"),
+        }
     }
 
     /// While no operation comes: gives the lease up to an instance that wants it.

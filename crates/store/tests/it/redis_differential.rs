@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ledger::State;
 use store::redis::{RedisConfig, RedisDurability, RedisStore};
-use store::{Clock, Load, ManualClock};
+use store::{Clock, Load, ManualClock, Store};
 
 use crate::recovery::{canonical, fund, reserve, workload, STEP_MS, T0};
 
@@ -29,28 +29,43 @@ fn redis_url() -> Option<String> {
     url
 }
 
-fn open(url: &str, namespace: &str, clock: Arc<ManualClock>, dir: &std::path::Path) -> RedisStore {
+fn open(
+    url: &str,
+    namespace: &str,
+    clock: Arc<ManualClock>,
+    dir: &std::path::Path,
+    snapshot_records: u64,
+) -> RedisStore {
     let mut config = RedisConfig::new(url, dir, clock);
     config.namespace = namespace.into();
     config.durability = RedisDurability::None;
     config.timeout = std::time::Duration::from_secs(2);
+    config.snapshot_records = snapshot_records;
     RedisStore::open(config).expect("open the Redis engine").0
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
-    let Some(url) = redis_url() else { return };
+fn test_namespace(what: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let namespace = format!("cycles-differential-{}-{nanos}", std::process::id());
+    format!("cycles-{what}-{}-{nanos}", std::process::id())
+}
+
+/// Sends the workload to three instances in turn (each compacting the log once it holds
+/// `snapshot_records` records past the snapshot), checking every answer against the pure
+/// ledger; answers the model state and the compactions the instances made.
+async fn run_workload(
+    url: &str,
+    namespace: &str,
+    clock: &Arc<ManualClock>,
+    snapshot_records: u64,
+) -> (State, u64) {
     let dirs: Vec<_> = (0..3)
         .map(|_| tempfile::tempdir().expect("temp dir"))
         .collect();
-    let clock = Arc::new(ManualClock::new(T0));
     let stores: Vec<RedisStore> = dirs
         .iter()
-        .map(|d| open(&url, &namespace, clock.clone(), d.path()))
+        .map(|d| open(url, namespace, clock.clone(), d.path(), snapshot_records))
         .collect();
     let mut commands = workload(0, 400);
     let huge = (1i64 << 53) + 1;
@@ -70,14 +85,132 @@ async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
             "command {i}: the Redis engine and the ledger disagree"
         );
     }
-    drop(stores);
-    let (records, state, violations) =
-        store::redis::verify(&url, false, &namespace).expect("read the ledger back");
-    assert!(records > 300, "{records} records");
-    assert!(violations.is_empty(), "{violations:?}");
+    let mut compactions = 0;
+    for store in stores {
+        // Closing waits for a compaction under way.
+        store.shutdown().await;
+        compactions += metric(&store, "cycles_redis_snapshots_total");
+    }
+    (model, compactions)
+}
+
+fn metric(store: &RedisStore, name: &str) -> u64 {
+    store
+        .metrics()
+        .into_iter()
+        .find(|m| m.name == name)
+        .map_or_else(|| panic!("no metric {name}"), |m| m.value)
+}
+
+/// Reads the ledger back from Redis and compares it with the model; answers where its
+/// snapshot ends and the log's records read after it.
+fn assert_reads_back(url: &str, namespace: &str, model: &State) -> (Option<u64>, u64) {
+    let verified = store::redis::verify(url, false, namespace).expect("read the ledger back");
+    assert!(verified.violations.is_empty(), "{:?}", verified.violations);
     assert!(
-        canonical(&state) == canonical(&model),
+        canonical(&verified.state) == canonical(model),
         "the ledger read back from Redis is not the ledger's state"
     );
+    (verified.snapshot, verified.records)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("differential");
+    let clock = Arc::new(ManualClock::new(T0));
+    let (model, compactions) = run_workload(&url, &namespace, &clock, u64::MAX).await;
+    assert_eq!(compactions, 0);
+    let (snapshot, records) = assert_reads_back(&url, &namespace, &model);
+    assert_eq!(snapshot, None);
+    assert!(records > 300, "{records} records");
     store::redis::delete_ledger(&url, false, &namespace).expect("delete the test ledger");
+}
+
+/// What an instance's history holds of the workload: its counts, every reservation it
+/// archived (by the reserve that created it) and every event.
+async fn history_of(
+    store: &RedisStore,
+) -> (
+    u64,
+    u64,
+    u64,
+    Vec<Option<ledger::Archived>>,
+    Vec<ledger::Event>,
+) {
+    store
+        .read_history(|h| {
+            let mut archived = Vec::new();
+            for n in 0..400 {
+                archived.push(h.archived(&ledger::ArchiveLookup::CreatedBy {
+                    tenant: "t".into(),
+                    key: format!("reserve-res-{n}").into(),
+                })?);
+            }
+            let events = h.event_page(&ledger::EventQuery {
+                filter: Default::default(),
+                sort: ledger::EventSort::Timestamp,
+                window: ledger::Window {
+                    descending: false,
+                    after: None,
+                    limit: 10_000,
+                },
+            })?;
+            Ok((
+                h.audit_count(),
+                h.event_count(),
+                h.archived_count(),
+                archived,
+                events.events,
+            ))
+        })
+        .await
+        .expect("read the history")
+}
+
+/// The same workload on a ledger compacted every 20 records and on one never compacted:
+/// both read back as the ledger's state, the compacted log holds only its tail, and a new
+/// instance of each (its history rebuilt from Redis) holds the same history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_ledger_keeps_its_state_and_its_history() {
+    let Some(url) = redis_url() else { return };
+    let whole = test_namespace("uncompacted");
+    let compacted = test_namespace("compacted");
+    let clock = Arc::new(ManualClock::new(T0));
+    let (model, none) = run_workload(&url, &whole, &clock, u64::MAX).await;
+    let clock = Arc::new(ManualClock::new(T0));
+    let (compacted_model, compactions) = run_workload(&url, &compacted, &clock, 20).await;
+    assert_eq!(none, 0);
+    assert!(compactions >= 3, "{compactions} compactions");
+    assert!(canonical(&model) == canonical(&compacted_model));
+    let (none, all) = assert_reads_back(&url, &whole, &model);
+    let (snapshot, tail) = assert_reads_back(&url, &compacted, &model);
+    assert_eq!(none, None);
+    assert!(all > 300, "{all} records in the uncompacted log");
+    assert!(
+        snapshot.is_some_and(|v| v + tail == all),
+        "snapshot {snapshot:?}, then {tail}"
+    );
+    assert!(tail < 60, "{tail} records left in the compacted log");
+
+    let dirs = [
+        tempfile::tempdir().expect("temp dir"),
+        tempfile::tempdir().expect("temp dir"),
+    ];
+    let fresh_whole = open(&url, &whole, clock.clone(), dirs[0].path(), u64::MAX);
+    let fresh_compacted = open(&url, &compacted, clock.clone(), dirs[1].path(), u64::MAX);
+    let expected = history_of(&fresh_whole).await;
+    let found = history_of(&fresh_compacted).await;
+    assert!(expected.2 > 50, "{} reservations archived", expected.2);
+    assert!(expected.3.iter().filter(|a| a.is_some()).count() > 50);
+    assert!(!expected.4.is_empty(), "the workload made no events");
+    assert_eq!(found.0, expected.0, "audit entries");
+    assert_eq!(found.1, expected.1, "events");
+    assert_eq!(found.2, expected.2, "archived reservations");
+    assert!(found.3 == expected.3, "the archived reservations differ");
+    assert!(found.4 == expected.4, "the events differ");
+    drop((fresh_whole, fresh_compacted));
+    for namespace in [whole, compacted] {
+        store::redis::delete_ledger(&url, false, &namespace).expect("delete the test ledger");
+    }
 }

@@ -1,0 +1,644 @@
+//! Compaction: the head of the ledger's log replaced by a snapshot of the state, and the
+//! history it carried kept apart, for as long as its retention lasts.
+//!
+//! Without it the log would grow for as long as the ledger lives, and every instance would
+//! replay all of it to start. Once the log holds [`RedisConfig::snapshot_records`] records
+//! past the last snapshot, the lease holder hands a frozen view of its state
+//! (`State::snapshot_source`, O(1)) to a compactor thread, which, under a lock in Redis so
+//! that one instance compacts at a time:
+//!
+//! 1. copies the history of the records it will remove (audit entries, events, delivery
+//!    versions, archived reservations) into one stream per kind (`{ns}:history:<kind>`),
+//!    each entry the records of one page of the log that carry that kind, with only those
+//!    effects, its id the last record's sequence number;
+//! 2. writes the snapshot (the embedded engine's snapshot bytes, checksummed) in parts of
+//!    [`PART_BYTES`] under a name of its own, listed as pending first, so parts a crash
+//!    leaves behind are found and deleted by the next compaction;
+//! 3. in one script, fenced by the ledger's marker and the lock, points the ledger at the
+//!    new snapshot and trims the log's records up to it;
+//! 4. deletes the parts of the snapshots replaced, and the history past its retention.
+//!
+//! A snapshot at version `v` is the state of the log's records up to `v`, whoever computes
+//! it, so no lease is needed: the script only moves the pointer forward, and only over
+//! records the log holds. Readers find the log starting after the snapshot: an instance
+//! whose next record was trimmed reads the snapshot again ([`LogError::Compacted`]), and a
+//! reader that finds a part gone (replaced meanwhile) reads the pointer again.
+//!
+//! [`RedisConfig::snapshot_records`]: super::RedisConfig::snapshot_records
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::Script;
+use ledger::{Effect, Millis, SnapshotSource, State};
+
+use super::log::{Conn, Keys, LogError};
+use crate::embedded::journal::{encode_record, read_records, segment_header, JournalRecord};
+use crate::embedded::snapshot::{encode_snapshot, parse_snapshot};
+use crate::history::{Cutoffs, Item, Projector, Retention};
+use crate::Clock;
+
+/// A snapshot's bytes per key: small enough that one `SET` or `GET` holds Redis up for
+/// no more than a moment, and arrives within the command timeout.
+pub const PART_BYTES: usize = 1 << 20;
+/// How long the compactor's lock lasts: a compactor that died holds up the next no longer.
+const LOCK_MS: u64 = 300_000;
+/// Log entries (rounds) read per page while copying history out.
+const LOG_PAGE: usize = 32;
+/// History entries read per page while replaying them.
+const HISTORY_PAGE: usize = 8;
+/// History entries past their retention deleted per script call, at most.
+const TRIM_BATCH: u64 = 256;
+/// History items handed to the history store at a time while replaying.
+const REPLAY_BATCH: usize = 4096;
+
+/// The kinds of history, each kept in a stream of its own, for its own retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryKind {
+    /// Audit entries of a known caller.
+    Audit,
+    /// Audit entries of requests refused before their caller was known.
+    UnauthenticatedAudit,
+    Events,
+    Deliveries,
+    Archived,
+}
+
+impl HistoryKind {
+    pub const ALL: [HistoryKind; 5] = [
+        HistoryKind::Audit,
+        HistoryKind::UnauthenticatedAudit,
+        HistoryKind::Events,
+        HistoryKind::Deliveries,
+        HistoryKind::Archived,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HistoryKind::Audit => "audit",
+            HistoryKind::UnauthenticatedAudit => "audit-unauthenticated",
+            HistoryKind::Events => "events",
+            HistoryKind::Deliveries => "deliveries",
+            HistoryKind::Archived => "archived",
+        }
+    }
+
+    fn of(effect: &Effect) -> Option<HistoryKind> {
+        match effect {
+            Effect::Audit(e) if e.tenant_id == ledger::UNAUTH_TENANT => {
+                Some(HistoryKind::UnauthenticatedAudit)
+            }
+            Effect::Audit(_) => Some(HistoryKind::Audit),
+            Effect::Event(_) => Some(HistoryKind::Events),
+            Effect::PutDelivery(_) => Some(HistoryKind::Deliveries),
+            Effect::ArchiveReservation(_) => Some(HistoryKind::Archived),
+            _ => None,
+        }
+    }
+
+    /// Entries whose newest record is older than this are past retention (`None`: kept).
+    /// A record is never older than the history it carries, so none goes early.
+    fn cutoff(self, cutoffs: &Cutoffs) -> Option<Millis> {
+        match self {
+            HistoryKind::Audit => cutoffs.authenticated,
+            HistoryKind::UnauthenticatedAudit => cutoffs.unauthenticated,
+            HistoryKind::Events => cutoffs.events,
+            HistoryKind::Deliveries => cutoffs.deliveries,
+            HistoryKind::Archived => cutoffs.settled,
+        }
+    }
+}
+
+/// The snapshot the log starts after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pointer {
+    pub name: String,
+    /// The last record the snapshot holds.
+    pub version: u64,
+    pub parts: u64,
+    /// The ledger's time as of that record.
+    pub at_ms: Millis,
+    pub bytes: u64,
+}
+
+/// The ledger's snapshot pointer, if it has one.
+pub fn pointer(conn: &mut Conn, keys: &Keys) -> Result<Option<Pointer>, LogError> {
+    let fields: std::collections::HashMap<String, String> = ::redis::cmd("HGETALL")
+        .arg(&keys.snapshot)
+        .query(conn.link())?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let number = |name: &str| -> Result<i64, LogError> {
+        fields
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| LogError::Corrupt(format!("the snapshot pointer's {name} is missing")))
+    };
+    Ok(Some(Pointer {
+        name: fields.get("name").cloned().unwrap_or_default(),
+        version: number("version")? as u64,
+        parts: number("parts")? as u64,
+        at_ms: number("at")?,
+        bytes: number("bytes")? as u64,
+    }))
+}
+
+/// The snapshot the log starts after, and the state it holds (`None`: the log starts at
+/// its first record).
+pub fn load_snapshot(conn: &mut Conn, keys: &Keys) -> Result<Option<(Pointer, State)>, LogError> {
+    // A compaction may replace the snapshot while it is read: its parts then go, and the
+    // pointer is read again.
+    for _ in 0..8 {
+        let Some(pointer) = pointer(conn, keys)? else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::with_capacity(pointer.bytes as usize);
+        let mut whole = true;
+        for i in 0..pointer.parts {
+            let part: Option<Vec<u8>> = ::redis::cmd("GET")
+                .arg(keys.snapshot_part(&pointer.name, i))
+                .query(conn.link())?;
+            match part {
+                Some(part) => bytes.extend_from_slice(&part),
+                None => {
+                    whole = false;
+                    break;
+                }
+            }
+        }
+        if !whole {
+            continue;
+        }
+        let Some((seq, data)) = parse_snapshot(&bytes) else {
+            return Err(LogError::Corrupt(format!(
+                "the ledger's snapshot at record {} is damaged in Redis",
+                pointer.version
+            )));
+        };
+        if seq != pointer.version {
+            return Err(LogError::Corrupt(format!(
+                "the ledger's snapshot holds records up to {seq}, its pointer says {}",
+                pointer.version
+            )));
+        }
+        return Ok(Some((pointer, State::from_snapshot(data))));
+    }
+    Err(LogError::Corrupt(
+        "the ledger's snapshot was replaced every time it was read".into(),
+    ))
+}
+
+/// Deletes the parts of the snapshot named `name`.
+pub fn delete_parts(conn: &mut Conn, keys: &Keys, name: &str) -> Result<(), LogError> {
+    // Parts are written in order: the first one missing ends them.
+    for i in 0.. {
+        let deleted: i64 = ::redis::cmd("UNLINK")
+            .arg(keys.snapshot_part(name, i))
+            .query(conn.link())?;
+        if deleted == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Reads one stream entry's records (frames, as a journal segment holds them).
+fn decode_frames(frames: &[u8], mut each: impl FnMut(JournalRecord)) -> Result<(), LogError> {
+    let header = segment_header();
+    let len = (header.len() + frames.len()) as u64;
+    let valid = read_records(&mut header.chain(frames), len, 0, |record| {
+        each(record);
+        true
+    })
+    .map_err(|what| {
+        LogError::Corrupt(format!(
+            "a history entry holds {what} this build cannot read"
+        ))
+    })?;
+    if valid != Some(len) {
+        return Err(LogError::Corrupt("a history entry is damaged".into()));
+    }
+    Ok(())
+}
+
+fn entry_seq(id: &str) -> Result<u64, LogError> {
+    id.split('-')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| LogError::Corrupt(format!("a history entry's id is {id:?}")))
+}
+
+/// One kind's stream, read forward from a record on, a page at a time.
+struct Cursor {
+    key: String,
+    /// The id of the last entry read.
+    after: String,
+    records: VecDeque<JournalRecord>,
+    done: bool,
+}
+
+impl Cursor {
+    fn new(key: String, held: u64) -> Cursor {
+        Cursor {
+            key,
+            after: format!("({held}-0"),
+            records: VecDeque::new(),
+            done: false,
+        }
+    }
+
+    /// The next record's sequence number (`None`: the stream is read to its end).
+    fn peek(&mut self, conn: &mut Conn) -> Result<Option<u64>, LogError> {
+        while self.records.is_empty() && !self.done {
+            let page: ::redis::streams::StreamRangeReply = ::redis::cmd("XRANGE")
+                .arg(&self.key)
+                .arg(&self.after)
+                .arg("+")
+                .arg("COUNT")
+                .arg(HISTORY_PAGE)
+                .query(conn.link())?;
+            if page.ids.len() < HISTORY_PAGE {
+                self.done = true;
+            }
+            for entry in &page.ids {
+                let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
+                    LogError::Corrupt(format!("history entry {} has no records", entry.id))
+                })?;
+                decode_frames(&frames, |record| self.records.push_back(record))?;
+                self.after = format!("({}", entry.id);
+            }
+        }
+        Ok(self.records.front().map(|r| r.seq))
+    }
+}
+
+/// Hands the history store the history kept apart of the records after `held` up to
+/// `upto`, in the records' order, in batches that each end on a whole record (the history
+/// store's position is then always a record whose history it holds whole). Answers the
+/// items handed over.
+pub fn replay_history(
+    conn: &mut Conn,
+    keys: &Keys,
+    projector: &Projector,
+    held: u64,
+    upto: u64,
+) -> Result<u64, LogError> {
+    let mut cursors: Vec<Cursor> = HistoryKind::ALL
+        .iter()
+        .map(|kind| Cursor::new(keys.history(kind.name()), held))
+        .collect();
+    let mut pending = Vec::new();
+    let mut items = 0;
+    loop {
+        let mut next: Option<u64> = None;
+        for cursor in &mut cursors {
+            while let Some(seq) = cursor.peek(conn)? {
+                // Records a failed compaction copied past the snapshot: the log has them.
+                if seq > upto || seq <= held {
+                    cursor.records.pop_front();
+                    if seq > upto {
+                        cursor.done = true;
+                        cursor.records.clear();
+                    }
+                    continue;
+                }
+                next = Some(next.map_or(seq, |n: u64| n.min(seq)));
+                break;
+            }
+        }
+        let Some(seq) = next else { break };
+        if pending.len() >= REPLAY_BATCH {
+            let last = pending.last().map_or(held, |(s, _): &(u64, Item)| *s);
+            if last < seq {
+                projector.project(last, std::mem::take(&mut pending));
+            }
+        }
+        for cursor in &mut cursors {
+            if cursor.records.front().is_some_and(|r| r.seq == seq) {
+                let record = cursor.records.pop_front().expect("peeked just above");
+                for effect in &record.effects {
+                    if let Some(item) = Item::of(effect) {
+                        pending.push((seq, item));
+                        items += 1;
+                    }
+                }
+            }
+        }
+    }
+    if !pending.is_empty() {
+        projector.project(upto, pending);
+    }
+    Ok(items)
+}
+
+/// What a compactor needs to know, cloned from the engine's configuration.
+#[derive(Clone)]
+pub struct Compactor {
+    pub url: String,
+    pub cluster: bool,
+    pub keys: Keys,
+    /// Who holds the compactor's lock while this one compacts.
+    pub holder: String,
+    pub retention: Retention,
+    pub clock: Arc<dyn Clock>,
+    pub timeout: Duration,
+    /// Records past the current snapshot that make a new one worth writing.
+    pub snapshot_records: u64,
+}
+
+/// What one compaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compacted {
+    /// The log now starts after this snapshot.
+    Done { version: u64, bytes: u64 },
+    /// Another instance compacts, or compacted further already: the pointer's version.
+    Skipped(u64),
+}
+
+struct Scripts {
+    history: Script,
+    commit: Script,
+    trim: Script,
+    unlock: Script,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts {
+            history: Script::new(include_str!("history.lua")),
+            commit: Script::new(include_str!("compact.lua")),
+            trim: Script::new(include_str!("trim.lua")),
+            unlock: Script::new(include_str!("release.lua")),
+        }
+    }
+}
+
+impl Compactor {
+    /// Replaces the log's records up to `version` by `source`, the state as of it (see the
+    /// module's documentation). `marker`: the ledger's, which the writes are fenced by.
+    pub fn compact(
+        &self,
+        marker: &str,
+        version: u64,
+        at_ms: Millis,
+        source: &SnapshotSource,
+    ) -> Result<Compacted, LogError> {
+        let scripts = Scripts::default();
+        let mut conn = Conn::open(&self.url, self.cluster, self.timeout)?;
+        let k = &self.keys;
+        let locked: Option<String> = ::redis::cmd("SET")
+            .arg(&k.compacting)
+            .arg(&self.holder)
+            .arg("NX")
+            .arg("PX")
+            .arg(LOCK_MS)
+            .query(conn.link())?;
+        let current = pointer(&mut conn, k)?.map_or(0, |p| p.version);
+        // Another instance may have compacted since this one last looked.
+        if locked.is_none() || version < current.saturating_add(self.snapshot_records) {
+            if locked.is_some() {
+                self.unlock(&scripts, &mut conn);
+            }
+            return Ok(Compacted::Skipped(current));
+        }
+        let result =
+            self.compact_locked(&scripts, &mut conn, marker, current, version, at_ms, source);
+        self.unlock(&scripts, &mut conn);
+        result
+    }
+
+    fn unlock(&self, scripts: &Scripts, conn: &mut Conn) {
+        let unlocked: Result<i64, _> = scripts
+            .unlock
+            .key(&self.keys.compacting)
+            .arg(&self.holder)
+            .invoke(conn.link());
+        if let Err(e) = unlocked {
+            // It lapses by itself.
+            tracing::debug!(error = %e, "releasing the compactor's lock failed");
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn compact_locked(
+        &self,
+        scripts: &Scripts,
+        conn: &mut Conn,
+        marker: &str,
+        from: u64,
+        version: u64,
+        at_ms: Millis,
+        source: &SnapshotSource,
+    ) -> Result<Compacted, LogError> {
+        let k = &self.keys;
+        self.delete_pending(conn, None)?;
+        self.copy_history(scripts, conn, marker, from, version)?;
+        let bytes = encode_snapshot(version, source)
+            .map_err(|e| LogError::Corrupt(format!("encoding the snapshot: {e}")))?;
+        let name = format!("{version}.{}", uuid::Uuid::new_v4().simple());
+        let _: i64 = ::redis::cmd("SADD")
+            .arg(&k.pending)
+            .arg(&name)
+            .query(conn.link())?;
+        let mut parts = 0u64;
+        for part in bytes.chunks(PART_BYTES) {
+            let _: () = ::redis::cmd("SET")
+                .arg(k.snapshot_part(&name, parts))
+                .arg(part)
+                .query(conn.link())?;
+            parts += 1;
+        }
+        let status: String = scripts
+            .commit
+            .key(&k.marker)
+            .key(&k.version)
+            .key(&k.snapshot)
+            .key(&k.log)
+            .key(&k.pending)
+            .key(&k.compacting)
+            .arg(marker)
+            .arg(&self.holder)
+            .arg(&name)
+            .arg(version)
+            .arg(parts)
+            .arg(at_ms)
+            .arg(bytes.len())
+            .arg(format!("{}-0", version + 1))
+            .invoke(conn.link())?;
+        match status.as_str() {
+            "OK" => {}
+            "WIPED" => return Err(super::log::Refused::Wiped.into()),
+            other => {
+                // Its parts are pending: the next compaction deletes them, or this one now.
+                self.delete_pending(conn, None)?;
+                return Err(LogError::Corrupt(format!(
+                    "compaction to record {version} refused: {other}"
+                )));
+            }
+        }
+        self.delete_pending(conn, Some(&name))?;
+        self.trim_history(scripts, conn)?;
+        Ok(Compacted::Done {
+            version,
+            bytes: bytes.len() as u64,
+        })
+    }
+
+    /// Deletes the parts of every pending snapshot but `keep` (the current one).
+    fn delete_pending(&self, conn: &mut Conn, keep: Option<&str>) -> Result<(), LogError> {
+        let k = &self.keys;
+        let current = pointer(conn, k)?.map(|p| p.name);
+        let names: Vec<String> = ::redis::cmd("SMEMBERS")
+            .arg(&k.pending)
+            .query(conn.link())?;
+        for name in names {
+            if Some(name.as_str()) == keep || current.as_deref() == Some(name.as_str()) {
+                let _: i64 = ::redis::cmd("SREM")
+                    .arg(&k.pending)
+                    .arg(&name)
+                    .query(conn.link())?;
+                continue;
+            }
+            delete_parts(conn, k, &name)?;
+            let _: i64 = ::redis::cmd("SREM")
+                .arg(&k.pending)
+                .arg(&name)
+                .query(conn.link())?;
+        }
+        Ok(())
+    }
+
+    /// Copies the history of the log's records after `from` up to `version` into the
+    /// history streams, continuing where each stream ends (a compaction that failed may
+    /// have copied some already).
+    fn copy_history(
+        &self,
+        scripts: &Scripts,
+        conn: &mut Conn,
+        marker: &str,
+        from: u64,
+        version: u64,
+    ) -> Result<(), LogError> {
+        let k = &self.keys;
+        let mut copied = [0u64; 5];
+        for (i, kind) in HistoryKind::ALL.iter().enumerate() {
+            let last: ::redis::streams::StreamRangeReply = ::redis::cmd("XREVRANGE")
+                .arg(k.history(kind.name()))
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query(conn.link())?;
+            copied[i] = match last.ids.first() {
+                Some(entry) => entry_seq(&entry.id)?.max(from),
+                None => from,
+            };
+        }
+        let mut after = copied.iter().copied().min().unwrap_or(from);
+        while after < version {
+            let page: ::redis::streams::StreamRangeReply = ::redis::cmd("XRANGE")
+                .arg(&k.log)
+                .arg(format!("({after}-0"))
+                .arg(format!("{version}-0"))
+                .arg("COUNT")
+                .arg(LOG_PAGE)
+                .query(conn.link())?;
+            let Some(last) = page.ids.last() else {
+                return Err(LogError::Corrupt(format!(
+                    "the log ends at record {after}, before the snapshot's {version}"
+                )));
+            };
+            let page_end = entry_seq(&last.id)?;
+            let mut chunks: [Vec<JournalRecord>; 5] = Default::default();
+            for entry in &page.ids {
+                let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
+                    LogError::Corrupt(format!("log entry {} has no records", entry.id))
+                })?;
+                decode_frames(&frames, |record| {
+                    split_history(record, &copied, &mut chunks);
+                })?;
+            }
+            for (i, chunk) in chunks.iter().enumerate() {
+                let Some(last) = chunk.last() else { continue };
+                let at = chunk.iter().map(|r| r.at_ms).max().unwrap_or(0);
+                let mut frames = Vec::new();
+                for record in chunk {
+                    encode_record(record, &mut frames)
+                        .map_err(|e| LogError::Corrupt(format!("encoding history: {e}")))?;
+                }
+                let status: String = scripts
+                    .history
+                    .key(&k.marker)
+                    .key(&k.compacting)
+                    .key(k.history(HistoryKind::ALL[i].name()))
+                    .arg(marker)
+                    .arg(&self.holder)
+                    .arg(format!("{}-0", last.seq))
+                    .arg(at)
+                    .arg(frames)
+                    .invoke(conn.link())?;
+                match status.as_str() {
+                    "OK" => copied[i] = last.seq,
+                    "WIPED" => return Err(super::log::Refused::Wiped.into()),
+                    other => {
+                        return Err(LogError::Corrupt(format!(
+                            "copying history refused: {other}"
+                        )))
+                    }
+                }
+            }
+            after = page_end;
+        }
+        Ok(())
+    }
+
+    /// Deletes history entries past their retention, oldest first.
+    fn trim_history(&self, scripts: &Scripts, conn: &mut Conn) -> Result<(), LogError> {
+        let cutoffs = self.retention.cutoffs(self.clock.now_ms());
+        for kind in HistoryKind::ALL {
+            let Some(cutoff) = kind.cutoff(&cutoffs) else {
+                continue;
+            };
+            loop {
+                let deleted: u64 = scripts
+                    .trim
+                    .key(self.keys.history(kind.name()))
+                    .arg(cutoff)
+                    .arg(TRIM_BATCH)
+                    .invoke(conn.link())?;
+                if deleted < TRIM_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds the history `record` carries to each kind's chunk, unless that kind's stream has it.
+fn split_history(record: JournalRecord, copied: &[u64; 5], chunks: &mut [Vec<JournalRecord>; 5]) {
+    let mut split: [Vec<Effect>; 5] = Default::default();
+    for effect in record.effects {
+        if let Some(kind) = HistoryKind::of(&effect) {
+            let i = HistoryKind::ALL
+                .iter()
+                .position(|k| *k == kind)
+                .expect("every kind is listed");
+            if record.seq > copied[i] {
+                split[i].push(effect);
+            }
+        }
+    }
+    for (i, effects) in split.into_iter().enumerate() {
+        if !effects.is_empty() {
+            chunks[i].push(JournalRecord {
+                seq: record.seq,
+                at_ms: record.at_ms,
+                effects,
+            });
+        }
+    }
+}
