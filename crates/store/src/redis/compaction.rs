@@ -27,15 +27,14 @@
 //! [`RedisConfig::snapshot_records`]: super::RedisConfig::snapshot_records
 
 use std::collections::VecDeque;
-use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Script;
 use ledger::{Effect, Millis, SnapshotSource, State};
 
-use super::log::{Conn, Keys, LogError};
-use crate::embedded::journal::{encode_record, read_records, segment_header, JournalRecord};
+use super::log::{read_frames, Conn, Keys, LogError};
+use crate::embedded::journal::{encode_record, JournalRecord};
 use crate::embedded::snapshot::{encode_snapshot, parse_snapshot};
 use crate::history::{Cutoffs, Item, Projector, Retention};
 use crate::Clock;
@@ -205,25 +204,6 @@ pub fn delete_parts(conn: &mut Conn, keys: &Keys, name: &str) -> Result<(), LogE
     Ok(())
 }
 
-/// Reads one stream entry's records (frames, as a journal segment holds them).
-fn decode_frames(frames: &[u8], mut each: impl FnMut(JournalRecord)) -> Result<(), LogError> {
-    let header = segment_header();
-    let len = (header.len() + frames.len()) as u64;
-    let valid = read_records(&mut header.chain(frames), len, 0, |record| {
-        each(record);
-        true
-    })
-    .map_err(|what| {
-        LogError::Corrupt(format!(
-            "a history entry holds {what} this build cannot read"
-        ))
-    })?;
-    if valid != Some(len) {
-        return Err(LogError::Corrupt("a history entry is damaged".into()));
-    }
-    Ok(())
-}
-
 fn entry_seq(id: &str) -> Result<u64, LogError> {
     id.split('-')
         .next()
@@ -250,6 +230,27 @@ impl Cursor {
         }
     }
 
+    /// The next record after `held` up to `upto` (`None`: there is none). Records past
+    /// `upto` are those a compaction copied but did not finish: the log still has them.
+    fn peek_within(
+        &mut self,
+        conn: &mut Conn,
+        held: u64,
+        upto: u64,
+    ) -> Result<Option<u64>, LogError> {
+        while let Some(seq) = self.peek(conn)? {
+            if seq > upto {
+                self.done = true;
+                self.records.clear();
+            } else if seq <= held {
+                self.records.pop_front();
+            } else {
+                return Ok(Some(seq));
+            }
+        }
+        Ok(None)
+    }
+
     /// The next record's sequence number (`None`: the stream is read to its end).
     fn peek(&mut self, conn: &mut Conn) -> Result<Option<u64>, LogError> {
         while self.records.is_empty() && !self.done {
@@ -267,7 +268,10 @@ impl Cursor {
                 let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
                     LogError::Corrupt(format!("history entry {} has no records", entry.id))
                 })?;
-                decode_frames(&frames, |record| self.records.push_back(record))?;
+                read_frames(&frames, "history", |record| {
+                    self.records.push_back(record);
+                    true
+                })?;
                 self.after = format!("({}", entry.id);
             }
         }
@@ -295,42 +299,25 @@ pub fn replay_history(
     loop {
         let mut next: Option<u64> = None;
         for cursor in &mut cursors {
-            while let Some(seq) = cursor.peek(conn)? {
-                // Records a failed compaction copied past the snapshot: the log has them.
-                if seq > upto || seq <= held {
-                    cursor.records.pop_front();
-                    if seq > upto {
-                        cursor.done = true;
-                        cursor.records.clear();
-                    }
-                    continue;
-                }
-                next = Some(next.map_or(seq, |n: u64| n.min(seq)));
-                break;
+            if let Some(seq) = cursor.peek_within(conn, held, upto)? {
+                next = Some(next.map_or(seq, |n| n.min(seq)));
             }
         }
         let Some(seq) = next else { break };
-        if pending.len() >= REPLAY_BATCH {
-            let last = pending.last().map_or(held, |(s, _): &(u64, Item)| *s);
-            if last < seq {
-                projector.project(last, std::mem::take(&mut pending));
-            }
-        }
+        // One record's history, from each stream that holds some of it.
         for cursor in &mut cursors {
             if cursor.records.front().is_some_and(|r| r.seq == seq) {
                 let record = cursor.records.pop_front().expect("peeked just above");
-                for effect in &record.effects {
-                    if let Some(item) = Item::of(effect) {
-                        pending.push((seq, item));
-                        items += 1;
-                    }
-                }
+                pending.extend(record.effects.iter().filter_map(Item::of).map(|i| (seq, i)));
             }
         }
+        if pending.len() >= REPLAY_BATCH {
+            items += pending.len() as u64;
+            projector.project(seq, std::mem::take(&mut pending));
+        }
     }
-    if !pending.is_empty() {
-        projector.project(upto, pending);
-    }
+    items += pending.len() as u64;
+    projector.project(upto, pending);
     Ok(items)
 }
 
@@ -557,8 +544,9 @@ impl Compactor {
                 let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
                     LogError::Corrupt(format!("log entry {} has no records", entry.id))
                 })?;
-                decode_frames(&frames, |record| {
+                read_frames(&frames, "log", |record| {
                     split_history(record, &copied, &mut chunks);
+                    true
                 })?;
             }
             for (i, chunk) in chunks.iter().enumerate() {

@@ -422,10 +422,9 @@ impl Log {
                 let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
                     LogError::Corrupt(format!("log entry {} has no records", entry.id))
                 })?;
-                last = match decode_round(&frames, last, &mut each) {
-                    Err(Gap { last, next }) => return Err(self.gap(conn, last, next)),
-                    Ok(Ok(last)) => last,
-                    Ok(Err(e)) => return Err(e),
+                last = match decode_round(&frames, last, &mut each)? {
+                    Round::Read(last) => last,
+                    Round::Gap { last, next } => return Err(self.gap(conn, last, next)),
                 };
             }
         }
@@ -444,23 +443,22 @@ impl Log {
     }
 }
 
-/// Records missing from the log: the last one read, and the next one found.
-struct Gap {
-    last: u64,
-    next: u64,
+/// What a log entry held.
+enum Round {
+    /// Records continuing from the last one read, up to this one.
+    Read(u64),
+    /// Records missing: the last one read, and the next one found.
+    Gap { last: u64, next: u64 },
 }
 
-/// Decodes one log entry's records, which must continue from `last`; answers the new last.
+/// Decodes one log entry's records, which must continue from `last`.
 fn decode_round(
     frames: &[u8],
     mut last: u64,
     each: &mut impl FnMut(JournalRecord),
-) -> Result<Result<u64, LogError>, Gap> {
-    // Read as a journal segment: its header, then the entry's frames (not copied).
-    let header = segment_header();
-    let len = (header.len() + frames.len()) as u64;
+) -> Result<Round, LogError> {
     let mut gap = None;
-    let valid = read_records(&mut header.chain(frames), len, 0, |record| {
+    read_frames(frames, "log", |record| {
         if record.seq != last + 1 {
             gap = Some(record.seq);
             return false;
@@ -468,17 +466,33 @@ fn decode_round(
         last = record.seq;
         each(record);
         true
-    });
-    if let Some(next) = gap {
-        return Err(Gap { last, next });
-    }
-    Ok(match valid {
-        Err(what) => Err(LogError::Corrupt(format!(
-            "a log entry holds {what} this build cannot read"
-        ))),
-        Ok(valid) if valid != Some(len) => Err(LogError::Corrupt("a log entry is damaged".into())),
-        Ok(_) => Ok(last),
+    })?;
+    Ok(match gap {
+        Some(next) => Round::Gap { last, next },
+        None => Round::Read(last),
     })
+}
+
+/// Reads a stream entry's records (journal frames, as a journal segment holds them after
+/// its header) until `each` answers false; `what` names the stream in errors.
+pub fn read_frames(
+    frames: &[u8],
+    what: &str,
+    mut each: impl FnMut(JournalRecord) -> bool,
+) -> Result<(), LogError> {
+    // Read as a journal segment: its header, then the entry's frames (not copied).
+    let header = segment_header();
+    let len = (header.len() + frames.len()) as u64;
+    let mut stopped = false;
+    let valid = read_records(&mut header.chain(frames), len, 0, |record| {
+        stopped = !each(record);
+        !stopped
+    })
+    .map_err(|e| LogError::Corrupt(format!("a {what} entry holds {e} this build cannot read")))?;
+    if !stopped && valid != Some(len) {
+        return Err(LogError::Corrupt(format!("a {what} entry is damaged")));
+    }
+    Ok(())
 }
 
 fn parse_u64(text: &str) -> Result<u64, LogError> {

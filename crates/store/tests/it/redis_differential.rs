@@ -15,7 +15,7 @@ use ledger::State;
 use store::redis::{RedisConfig, RedisDurability, RedisStore};
 use store::{Clock, Load, ManualClock, Store};
 
-use crate::recovery::{canonical, fund, reserve, workload, STEP_MS, T0};
+use crate::recovery::{canonical, fund, reserve, workload, Command, STEP_MS, T0};
 
 fn redis_url() -> Option<String> {
     let url = std::env::var("CYCLES_TEST_REDIS_URL").ok();
@@ -213,4 +213,96 @@ async fn a_compacted_ledger_keeps_its_state_and_its_history() {
     for namespace in [whole, compacted] {
         store::redis::delete_ledger(&url, false, &namespace).expect("delete the test ledger");
     }
+}
+
+/// The `at` (newest record's time) of every entry of one of a ledger's history streams.
+fn history_times(url: &str, namespace: &str, kind: &str) -> Vec<i64> {
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("connect to Redis");
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(format!("{{{namespace}}}:history:{kind}"))
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .expect("XRANGE");
+    entries
+        .ids
+        .iter()
+        .map(|e| {
+            e.get::<String>("at")
+                .and_then(|at| at.parse().ok())
+                .expect("at")
+        })
+        .collect()
+}
+
+/// Sends `commands` to `store`, each answered as the pure ledger answers it.
+async fn run(store: &RedisStore, clock: &ManualClock, model: &mut State, commands: Vec<Command>) {
+    for command in commands {
+        clock.advance(STEP_MS);
+        let expected = command.clone().apply(model, clock.now_ms());
+        assert_eq!(command.execute(store, Load::Busy).await, expected.result);
+    }
+}
+
+/// Waits until the ledger's snapshot holds record `version` (a compaction under way ends).
+async fn compacted_through(store: &RedisStore, version: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while metric(store, "cycles_redis_snapshot_version") < version {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no compaction reached {version}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// History moves to its streams as the log is compacted, and leaves them once past its
+/// kind's retention: archived reservations after 30 days, events after 90.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_past_its_retention_leaves_redis() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("retention");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(&url, &namespace, clock.clone(), dir.path(), 20);
+    let mut model = State::new();
+    // A compaction starts a second after the last one at the soonest.
+    let spacing = std::time::Duration::from_millis(1_100);
+    run(&store, &clock, &mut model, workload(0, 200)).await;
+    let first = metric(&store, "cycles_redis_log_version");
+    tokio::time::sleep(spacing).await;
+    run(&store, &clock, &mut model, workload(1_000, 30)).await;
+    compacted_through(&store, first).await;
+    let before = history_times(&url, &namespace, "archived");
+    let events_before = history_times(&url, &namespace, "events");
+    assert!(!before.is_empty() && !events_before.is_empty());
+
+    clock.advance(31 * 24 * 3_600_000);
+    tokio::time::sleep(spacing).await;
+    run(&store, &clock, &mut model, workload(2_000, 60)).await;
+    let third = metric(&store, "cycles_redis_log_version");
+    tokio::time::sleep(spacing).await;
+    run(&store, &clock, &mut model, workload(3_000, 2)).await;
+    compacted_through(&store, third).await;
+    store.shutdown().await;
+
+    let cutoff = clock.now_ms() - ledger::TERMINAL_RETENTION_MS;
+    assert!(
+        before.iter().all(|at| *at < cutoff),
+        "{before:?}, cutoff {cutoff}"
+    );
+    let after = history_times(&url, &namespace, "archived");
+    assert!(!after.is_empty(), "the last compactions copied none");
+    assert!(
+        after.iter().all(|at| *at >= cutoff),
+        "archived reservations past retention are still in Redis: {after:?}, cutoff {cutoff}"
+    );
+    // Events are kept 90 days: none went.
+    let events_after = history_times(&url, &namespace, "events");
+    assert!(events_after.starts_with(&events_before));
+    let verified = store::redis::verify(&url, false, &namespace).expect("read the ledger back");
+    assert!(canonical(&verified.state) == canonical(&model));
+    store::redis::delete_ledger(&url, false, &namespace).expect("delete the test ledger");
 }
