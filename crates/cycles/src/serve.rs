@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use server::{BoundServer, Dashboard, DetectorOptions, Limits, RateLimit, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 use store::history::Retention;
-use store::redis::{RedisConfig, RedisDurability, RedisStore};
+use store::redis::{RedisConfig, RedisDurability, RedisStore, Topology};
 use store::SystemClock;
 
 /// The file in the data directory that keeps a generated admin key.
@@ -59,10 +59,29 @@ pub struct RedisTarget {
     /// The Redis is a Redis Cluster.
     #[arg(long, env = "CYCLES_REDIS_CLUSTER")]
     pub redis_cluster: bool,
+    /// The URL lists Redis Sentinels (comma-separated), which watch the primary of this
+    /// name: the engine writes to whichever Redis they name primary, and follows a failover
+    /// (the primary is reached with the first URL's credentials and database).
+    #[arg(
+        long,
+        env = "CYCLES_REDIS_SENTINEL_MASTER",
+        conflicts_with = "redis_cluster"
+    )]
+    pub redis_sentinel_master: Option<String>,
     /// Names the ledger in Redis: its keys are `{NAMESPACE}:…` (one hash slot). Instances
     /// with the same namespace serve the same ledger.
     #[arg(long, env = "CYCLES_REDIS_NAMESPACE", default_value = "cycles")]
     pub redis_namespace: String,
+}
+
+impl RedisTarget {
+    pub fn topology(&self) -> Topology {
+        match (&self.redis_sentinel_master, self.redis_cluster) {
+            (Some(primary), _) => Topology::Sentinel(primary.clone()),
+            (None, true) => Topology::Cluster,
+            (None, false) => Topology::Single,
+        }
+    }
 }
 
 /// The Redis engine (`--store redis`).
@@ -418,7 +437,7 @@ fn open_redis(args: &ServeArgs, retention: Retention) -> anyhow::Result<(store::
         args.data_dir.join("redis-history"),
         Arc::new(SystemClock),
     );
-    config.cluster = t.redis_cluster;
+    config.topology = t.topology();
     config.namespace = t.redis_namespace.clone();
     config.durability = r.durability();
     config.timeout = Duration::from_millis(r.redis_timeout_ms);

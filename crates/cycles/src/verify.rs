@@ -33,7 +33,7 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
 pub fn run_redis(target: &RedisTarget) -> anyhow::Result<()> {
     let verified = store::redis::verify(
         &target.redis_url,
-        target.redis_cluster,
+        &target.topology(),
         &target.redis_namespace,
     )?;
     let snapshot = verified

@@ -83,6 +83,15 @@ pub async fn provision(base: &str, tenant: &str, budgets: &[(String, i64)], unit
     key["key_secret"].as_str().expect("secret").to_string()
 }
 
+/// How a test ledger's Redis is reached.
+pub fn topology(cluster: bool) -> store::redis::Topology {
+    if cluster {
+        store::redis::Topology::Cluster
+    } else {
+        store::redis::Topology::Single
+    }
+}
+
 /// `cycles verify` on a Redis engine's ledger.
 pub fn assert_redis_ledger_ok(url: &str, cluster: bool, namespace: &str) {
     let mut args = vec![

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 
 use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url};
-use crate::process::{client, free_port, RedisServe, Server};
+use crate::process::{assert_verify_ok, client, free_port, RedisServe, Server};
 
 const TENANT: &str = "faults";
 const UNIT: &str = "USD_MICROCENTS";
@@ -74,7 +74,14 @@ impl RedisProcess {
     }
 
     fn spawn(&mut self) {
+        // A configuration file (empty: the arguments say everything), as a Sentinel needs
+        // to rewrite one when it reconfigures a replica.
+        let config = self.dir.join("redis.conf");
+        if !config.exists() {
+            std::fs::write(&config, "").expect("redis.conf");
+        }
         let child = Command::new("redis-server")
+            .arg(&config)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args([
                 "--appendonly",
@@ -546,4 +553,157 @@ async fn writes_wait_for_the_replicas_asked_for() {
     assert_eq!(s, 200, "{r}");
     let (held, _) = held_and_spent(&base, &key).await;
     assert_eq!(held, 2 * ESTIMATE);
+}
+
+/// A Redis Sentinel of the test's own, watching one primary (as `cycles`), with a quorum
+/// of one and a failover after 1 s without an answer.
+struct SentinelProcess {
+    child: Child,
+    port: u16,
+}
+
+impl SentinelProcess {
+    fn start(dir: &Path, primary: &RedisProcess) -> SentinelProcess {
+        std::fs::create_dir_all(dir).expect("sentinel dir");
+        let port = free_port();
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\n\
+                 sentinel monitor cycles 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds cycles 1000\n\
+                 sentinel failover-timeout cycles 5000\n",
+                primary.port
+            ),
+        )
+        .expect("sentinel config");
+        let child = Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server --sentinel");
+        let sentinel = SentinelProcess { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sentinel
+            .cli(&["sentinel", "replicas", "cycles"])
+            .contains("slave")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel did not find the replicas"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sentinel
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A primary with two replicas, watched by a Sentinel; the server finds the primary
+/// through it and waits for one replica per write. The primary is killed under load: the
+/// Sentinel promotes a replica, the server answers 503 meanwhile and then writes to the new
+/// primary by itself, and every reservation it acknowledged is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_under_load_loses_nothing_acknowledged() {
+    if !redis_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut primary = RedisProcess::start(&dir.path().join("primary"), free_port());
+    let primary_port = primary.port.to_string();
+    let replica_of = ["--replicaof", "127.0.0.1", primary_port.as_str()];
+    let replicas: Vec<RedisProcess> = ["replica-a", "replica-b"]
+        .iter()
+        .map(|name| RedisProcess::start_with(&dir.path().join(name), free_port(), &replica_of))
+        .collect();
+    replicas.iter().for_each(linked);
+    let sentinel = SentinelProcess::start(&dir.path().join("sentinel"), &primary);
+    let url = format!("redis://127.0.0.1:{}", sentinel.port);
+    let mut serve = RedisServe::new(&url, false, NAMESPACE);
+    serve.durability = "aof";
+    serve.timeout_ms = "300";
+    serve.extra = vec![
+        "--redis-sentinel-master",
+        "cycles",
+        "--redis-replicas",
+        "1",
+        "--redis-snapshot-records",
+        "500",
+    ];
+    let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
+    let base = server.base.clone();
+    let key = provision_tenant(&base, 1_000_000_000_000).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            tokio::spawn(lifecycles(
+                base.clone(),
+                key.clone(),
+                format!("client{c}"),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    primary.kill9();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    recovers(&base, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut told = Vec::new();
+    for c in clients {
+        told.push(c.await.expect("client"));
+    }
+    let unavailable: usize = told.iter().map(|t| t.unavailable).sum();
+    assert!(unavailable > 0, "the failover must have been seen");
+    // Writes are acknowledged again once the other replica follows the new primary (until
+    // then they are recorded but "outcome unknown", and retried with the same key).
+    let http = client();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, r) = reserve(&http, &base, &key, "after-failover").await;
+        if s == 200 {
+            break;
+        }
+        assert!(s == 503 && Instant::now() < deadline, "{s}: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let checked = assert_acknowledged_present(&base, &told).await;
+    eprintln!(
+        "acknowledged reservations checked: {checked}; 503s during the failover: {unavailable}"
+    );
+    // The Sentinel names a former replica primary.
+    let named = sentinel.cli(&["sentinel", "get-master-addr-by-name", "cycles"]);
+    assert!(
+        replicas.iter().any(|r| named.contains(&r.port.to_string())),
+        "the primary is now {named:?}"
+    );
+    assert_verify_ok(&[
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-sentinel-master",
+        "cycles",
+        "--redis-namespace",
+        NAMESPACE,
+    ]);
 }

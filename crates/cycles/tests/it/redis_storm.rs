@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::ledger_http::{assert_redis_ledger_ok, call, namespace, provision, redis_url};
+use crate::ledger_http::{assert_redis_ledger_ok, call, namespace, provision, redis_url, topology};
 use crate::process::{client, RedisServe, Server};
 
 const INSTANCES: usize = 3;
@@ -168,7 +168,8 @@ impl Drop for Fleet {
     /// The servers stop first, then the ledger goes from Redis.
     fn drop(&mut self) {
         self.servers.clear();
-        let deleted = store::redis::delete_ledger(&self.url, self.cluster, &self.namespace);
+        let deleted =
+            store::redis::delete_ledger(&self.url, &topology(self.cluster), &self.namespace);
         if let Err(e) = deleted {
             eprintln!("the storm's ledger {} was not deleted: {e}", self.namespace);
         }

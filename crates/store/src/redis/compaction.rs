@@ -33,7 +33,7 @@ use std::time::Duration;
 use ::redis::Script;
 use ledger::{Effect, Millis, SnapshotSource, State};
 
-use super::log::{read_frames, Conn, Keys, LogError};
+use super::log::{read_frames, Conn, Keys, LogError, Topology};
 use crate::embedded::journal::{encode_record, JournalRecord};
 use crate::embedded::snapshot::{encode_snapshot, parse_snapshot};
 use crate::history::{Cutoffs, Item, Projector, Retention};
@@ -325,7 +325,7 @@ pub fn replay_history(
 #[derive(Clone)]
 pub struct Compactor {
     pub url: String,
-    pub cluster: bool,
+    pub topology: Topology,
     pub keys: Keys,
     /// Who holds the compactor's lock while this one compacts.
     pub holder: String,
@@ -374,7 +374,7 @@ impl Compactor {
         source: &SnapshotSource,
     ) -> Result<Compacted, LogError> {
         let scripts = Scripts::default();
-        let mut conn = Conn::open(&self.url, self.cluster, self.timeout)?;
+        let mut conn = Conn::open(&self.url, &self.topology, self.timeout)?;
         let k = &self.keys;
         let locked: Option<String> = ::redis::cmd("SET")
             .arg(&k.compacting)

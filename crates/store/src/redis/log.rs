@@ -23,6 +23,20 @@ const WANT_MS: u64 = 50;
 /// still arrive within the command timeout.
 const READ_PAGE: usize = 32;
 
+/// How the ledger's Redis is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One Redis: the URL names it.
+    Single,
+    /// A Redis Cluster: the URL lists any of its nodes, comma-separated.
+    Cluster,
+    /// A primary watched by Redis Sentinels: the URL lists the Sentinels, comma-separated,
+    /// and this is the primary's name among them. Each connection goes to whichever Redis
+    /// they name primary as it is made, so the engine follows a failover; the primary is
+    /// reached with the first URL's credentials and database.
+    Sentinel(String),
+}
+
 /// A connection to one Redis or to a Redis Cluster.
 pub enum Conn {
     Single(redis::Connection),
@@ -30,19 +44,28 @@ pub enum Conn {
 }
 
 impl Conn {
-    /// Connects to `url` (`redis://…`; for a Cluster, any of its nodes, comma-separated),
-    /// each command bounded by `timeout`.
-    pub fn open(url: &str, cluster: bool, timeout: Duration) -> redis::RedisResult<Conn> {
-        if cluster {
-            let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
-            let client = redis::cluster::ClusterClient::builder(nodes)
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .retries(0)
-                .build()?;
-            return Ok(Conn::Cluster(Box::new(client.get_connection()?)));
-        }
-        let client = redis::Client::open(url)?;
+    /// Connects to `url` (`redis://…`, or a list, as `topology` says), each command
+    /// bounded by `timeout`.
+    pub fn open(url: &str, topology: &Topology, timeout: Duration) -> redis::RedisResult<Conn> {
+        let nodes = || url.split(',').map(str::trim).collect::<Vec<&str>>();
+        let client = match topology {
+            Topology::Cluster => {
+                let client = redis::cluster::ClusterClient::builder(nodes())
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(0)
+                    .build()?;
+                return Ok(Conn::Cluster(Box::new(client.get_connection()?)));
+            }
+            Topology::Single => redis::Client::open(url)?,
+            Topology::Sentinel(primary) => {
+                let nodes = nodes();
+                let first = redis::IntoConnectionInfo::into_connection_info(nodes[0])?;
+                let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(first.redis_settings().clone());
+                redis::sentinel::Sentinel::build(nodes)?.master_for(primary, Some(&node))?
+            }
+        };
         let conn = client.get_connection_with_timeout(timeout)?;
         conn.set_read_timeout(Some(timeout))?;
         conn.set_write_timeout(Some(timeout))?;
@@ -60,16 +83,16 @@ impl Conn {
 /// A connection made when first needed, and made again after one fails.
 pub struct Link {
     url: String,
-    cluster: bool,
+    topology: Topology,
     timeout: Duration,
     conn: Option<Conn>,
 }
 
 impl Link {
-    pub fn new(url: String, cluster: bool, timeout: Duration) -> Link {
+    pub fn new(url: String, topology: Topology, timeout: Duration) -> Link {
         Link {
             url,
-            cluster,
+            topology,
             timeout,
             conn: None,
         }
@@ -77,7 +100,7 @@ impl Link {
 
     pub fn get(&mut self) -> Result<&mut Conn, LogError> {
         if self.conn.is_none() {
-            self.conn = Some(Conn::open(&self.url, self.cluster, self.timeout)?);
+            self.conn = Some(Conn::open(&self.url, &self.topology, self.timeout)?);
         }
         Ok(self.conn.as_mut().expect("invariant: connected just above"))
     }

@@ -46,7 +46,7 @@ use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreErro
 
 use jobs::{Barrier, Job, OperationJob};
 use log::Keys;
-pub use log::Settings;
+pub use log::{Settings, Topology};
 use writer::{Shared, Writer};
 
 /// Operations queued for the writer, at most; more wait for room.
@@ -74,9 +74,10 @@ impl RedisDurability {
 }
 
 pub struct RedisConfig {
-    /// `redis://host:port[/db]`; for a Cluster, its nodes' URLs, comma-separated.
+    /// `redis://host:port[/db]`; for a Cluster, its nodes' URLs, and with Sentinels,
+    /// theirs, comma-separated.
     pub url: String,
-    pub cluster: bool,
+    pub topology: Topology,
     /// Names the ledger: its keys are `{namespace}:…`, one hash slot.
     pub namespace: String,
     pub durability: RedisDurability,
@@ -112,7 +113,7 @@ impl RedisConfig {
     ) -> Self {
         RedisConfig {
             url: url.into(),
-            cluster: false,
+            topology: Topology::Single,
             namespace: "cycles".into(),
             durability: RedisDurability::Aof,
             timeout: DEFAULT_TIMEOUT,
@@ -149,7 +150,7 @@ impl RedisStore {
     /// would lose budgets silently (an eviction policy, no persistence without
     /// [`RedisDurability::None`]) and a ledger whose keys were lost.
     pub fn open(config: RedisConfig) -> io::Result<(Self, OpenReport)> {
-        if config.cluster && config.replicas > 0 {
+        if config.topology == Topology::Cluster && config.replicas > 0 {
             return Err(io::Error::other(
                 "waiting for replicas is not supported on a Redis Cluster (WAIT cannot be \
                  routed to the ledger's master)",
@@ -302,10 +303,10 @@ pub struct Verified {
 
 /// Reads a ledger from Redis (its snapshot and the log after it), read-only (no lease is
 /// taken, nothing is written), and checks the ledger's rules on the state it makes.
-pub fn verify(url: &str, cluster: bool, namespace: &str) -> io::Result<Verified> {
+pub fn verify(url: &str, topology: &Topology, namespace: &str) -> io::Result<Verified> {
     let fail = |e: log::LogError| io::Error::other(e.to_string());
     let mut conn =
-        log::Conn::open(url, cluster, Duration::from_secs(10)).map_err(|e| fail(e.into()))?;
+        log::Conn::open(url, topology, Duration::from_secs(10)).map_err(|e| fail(e.into()))?;
     let log = log::Log::new(namespace, String::new());
     match log.init(&mut conn, "", false) {
         Ok(_) => {}
@@ -351,9 +352,9 @@ pub fn verify(url: &str, cluster: bool, namespace: &str) -> io::Result<Verified>
 /// Deletes a ledger from Redis: every key of `namespace`, for good. For tests, which each
 /// run on a ledger of their own; an instance still serving it refuses to go on (its marker
 /// is gone).
-pub fn delete_ledger(url: &str, cluster: bool, namespace: &str) -> io::Result<()> {
+pub fn delete_ledger(url: &str, topology: &Topology, namespace: &str) -> io::Result<()> {
     let fail = |e: ::redis::RedisError| io::Error::other(e.to_string());
-    let mut conn = log::Conn::open(url, cluster, Duration::from_secs(10)).map_err(fail)?;
+    let mut conn = log::Conn::open(url, topology, Duration::from_secs(10)).map_err(fail)?;
     let keys = Keys::new(namespace);
     // The snapshots' parts first: the pointer and the pending list name them.
     let mut names: Vec<String> = ::redis::cmd("SMEMBERS")

@@ -230,7 +230,7 @@ impl Writer {
         let holder = holder_id();
         let compactor = Compactor {
             url: config.url.clone(),
-            cluster: config.cluster,
+            topology: config.topology.clone(),
             keys: super::log::Keys::new(&config.namespace),
             holder: holder.clone(),
             retention: config.retention,
@@ -244,7 +244,7 @@ impl Writer {
             timeout: config.timeout,
             replicas: config.replicas,
             log: Log::new(&config.namespace, holder),
-            link: Link::new(config.url, config.cluster, config.timeout),
+            link: Link::new(config.url, config.topology, config.timeout),
             state: State::new(),
             applied: 0,
             last_now: Millis::MIN,
@@ -537,7 +537,9 @@ impl Writer {
         if self.replicas == 0 {
             return Ok(());
         }
-        let (replicas, timeout) = (self.replicas, self.timeout);
+        // Redis answers a WAIT when its own wait ends: half the command timeout, so that
+        // its answer (how many replicas) arrives before the connection counts as lost.
+        let (replicas, timeout) = (self.replicas, self.timeout / 2);
         let waited = match self.link.get() {
             Ok(conn) => self.log.wait_replicas(conn, replicas, timeout),
             Err(e) => Err(e),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ledger::State;
-use store::redis::{RedisConfig, RedisDurability, RedisStore};
+use store::redis::{RedisConfig, RedisDurability, RedisStore, Topology};
 use store::{Clock, Load, ManualClock, Store};
 
 use crate::recovery::{canonical, fund, reserve, workload, Command, STEP_MS, T0};
@@ -105,7 +105,8 @@ fn metric(store: &RedisStore, name: &str) -> u64 {
 /// Reads the ledger back from Redis and compares it with the model; answers where its
 /// snapshot ends and the log's records read after it.
 fn assert_reads_back(url: &str, namespace: &str, model: &State) -> (Option<u64>, u64) {
-    let verified = store::redis::verify(url, false, namespace).expect("read the ledger back");
+    let verified =
+        store::redis::verify(url, &Topology::Single, namespace).expect("read the ledger back");
     assert!(verified.violations.is_empty(), "{:?}", verified.violations);
     assert!(
         canonical(&verified.state) == canonical(model),
@@ -124,7 +125,8 @@ async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
     let (snapshot, records) = assert_reads_back(&url, &namespace, &model);
     assert_eq!(snapshot, None);
     assert!(records > 300, "{records} records");
-    store::redis::delete_ledger(&url, false, &namespace).expect("delete the test ledger");
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
 }
 
 /// What an instance's history holds of the workload: its counts, every reservation it
@@ -211,7 +213,8 @@ async fn a_compacted_ledger_keeps_its_state_and_its_history() {
     assert!(found.4 == expected.4, "the events differ");
     drop((fresh_whole, fresh_compacted));
     for namespace in [whole, compacted] {
-        store::redis::delete_ledger(&url, false, &namespace).expect("delete the test ledger");
+        store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+            .expect("delete the test ledger");
     }
 }
 
@@ -302,7 +305,9 @@ async fn history_past_its_retention_leaves_redis() {
     // Events are kept 90 days: none went.
     let events_after = history_times(&url, &namespace, "events");
     assert!(events_after.starts_with(&events_before));
-    let verified = store::redis::verify(&url, false, &namespace).expect("read the ledger back");
+    let verified =
+        store::redis::verify(&url, &Topology::Single, &namespace).expect("read the ledger back");
     assert!(canonical(&verified.state) == canonical(&model));
-    store::redis::delete_ledger(&url, false, &namespace).expect("delete the test ledger");
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
 }

@@ -11,7 +11,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 use server::{BoundServer, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
-use store::redis::{RedisConfig, RedisDurability, RedisStore};
+use store::redis::{RedisConfig, RedisDurability, RedisStore, Topology};
 use store::ManualClock;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -33,7 +33,8 @@ struct TestLedger {
 
 impl Drop for TestLedger {
     fn drop(&mut self) {
-        let deleted = store::redis::delete_ledger(&self.url, self.cluster, &self.namespace);
+        let deleted =
+            store::redis::delete_ledger(&self.url, &topology(self.cluster), &self.namespace);
         if let Err(e) = deleted {
             eprintln!("the test ledger {} was not deleted: {e}", self.namespace);
         }
@@ -75,7 +76,7 @@ impl Engine {
             Engine::Redis | Engine::RedisCluster => {
                 let ledger = ledger.expect("a Redis engine has a ledger");
                 let mut config = RedisConfig::new(ledger.url.clone(), dir.join("history"), clock);
-                config.cluster = ledger.cluster;
+                config.topology = topology(ledger.cluster);
                 config.namespace = ledger.namespace.clone();
                 // The test Redis need not persist anything: what is tested is the engine.
                 config.durability = RedisDurability::None;
@@ -456,6 +457,15 @@ impl TestServer {
         let b = r.expect(200, None).clone();
         assert_invariant(&b);
         b
+    }
+}
+
+/// How a test ledger's Redis is reached.
+fn topology(cluster: bool) -> Topology {
+    if cluster {
+        Topology::Cluster
+    } else {
+        Topology::Single
     }
 }
 
