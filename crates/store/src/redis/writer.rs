@@ -49,6 +49,9 @@ const LEASE_POLL: Duration = Duration::from_millis(1);
 /// How long after a compaction starts the next one may, at the soonest (one that failed is
 /// not tried again at once).
 const COMPACTION_SPACING: Duration = Duration::from_secs(1);
+/// A snapshot this small is rewritten whenever the log's tail is long enough in records;
+/// a larger one only once the tail is at least its size.
+const SMALL_SNAPSHOT_BYTES: u64 = 16 << 20;
 /// How long one of the compactor's commands may take: it works in the background, and
 /// moves a snapshot's parts.
 const COMPACTION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -164,7 +167,7 @@ impl Shared {
             m("cycles_redis_snapshots_total", "Compactions this instance made: the log's head replaced by a snapshot of the state, its history moved to the history streams.", true, get(&c.snapshots)),
             m("cycles_redis_snapshot_failures_total", "Compactions this instance started that failed (the log keeps its records; another is tried later).", true, get(&c.snapshot_failures)),
             m("cycles_redis_snapshot_version", "The last record of the ledger's snapshot in Redis, as this instance last saw it: the log holds the records after it.", false, get(&self.snapshot_version)),
-            m("cycles_redis_snapshot_bytes", "The size of the last snapshot this instance wrote.", false, get(&self.snapshot_bytes)),
+            m("cycles_redis_snapshot_bytes", "The size of the ledger's snapshot in Redis, as this instance last saw it.", false, get(&self.snapshot_bytes)),
             m("cycles_redis_unavailable", "1 while Redis cannot be used and every operation is refused (the breaker is open).", false, u64::from(self.fault().is_some())),
             m("cycles_redis_lease_held", "1 while this instance holds the writer's lease.", false, u64::from(self.holding.load(Ordering::Relaxed))),
             m("cycles_redis_log_version", "The last record of the ledger's log this instance has applied.", false, get(&self.version)),
@@ -218,6 +221,9 @@ pub struct Writer {
     snapshot_records: u64,
     compaction: Option<JoinHandle<()>>,
     compaction_started: Option<Instant>,
+    /// Records and bytes this instance appended: their ratio estimates a record's size.
+    appended_records: u64,
+    appended_bytes: u64,
 }
 
 /// Who this instance is, as its lease names it.
@@ -261,6 +267,8 @@ impl Writer {
             snapshot_records: config.snapshot_records,
             compaction: None,
             compaction_started: None,
+            appended_records: 0,
+            appended_bytes: 0,
         };
         let report = match writer.load() {
             Ok(report) => report,
@@ -355,6 +363,9 @@ impl Writer {
                 self.shared
                     .snapshot_version
                     .fetch_max(pointer.version, Ordering::Relaxed);
+                self.shared
+                    .snapshot_bytes
+                    .store(pointer.bytes, Ordering::Relaxed);
                 if held < pointer.version {
                     compaction::replay_history(
                         conn,
@@ -510,6 +521,8 @@ impl Writer {
                 Counters::add(&c.rounds, 1);
                 Counters::add(&c.append_micros, sent.elapsed().as_micros() as u64);
                 Counters::add(&c.log_bytes, self.frames.len() as u64);
+                self.appended_records += upto - base;
+                self.appended_bytes += self.frames.len() as u64;
                 self.applied = upto;
                 self.lease_until = Some(sent + lease * 3 / 4);
                 self.maybe_compact();
@@ -731,8 +744,9 @@ impl Writer {
         Ok(())
     }
 
-    /// After an append: once the log holds enough records past the snapshot, a compactor
-    /// thread replaces them by a snapshot of the state as of now (see [`compaction`]).
+    /// After an append: once the log holds enough records past the snapshot, and at least
+    /// the snapshot's size of them, a compactor thread replaces them by a snapshot of the
+    /// state as of now (see [`compaction`]).
     fn maybe_compact(&mut self) {
         if self.compaction.as_ref().is_some_and(|c| !c.is_finished()) {
             return;
@@ -747,7 +761,16 @@ impl Writer {
         let (Some(marker), true) = (self.marker.clone(), spaced) else {
             return;
         };
-        if self.applied.saturating_sub(known) < self.snapshot_records {
+        // Enough records; and past a small size, a tail at least as large as the snapshot
+        // that would replace it: a large state is not rewritten for a short tail (the log
+        // is then written to snapshots about once over, and a start replays at most about
+        // a snapshot's size of it).
+        let tail = self.applied.saturating_sub(known);
+        let record_bytes = self.appended_bytes / self.appended_records.max(1);
+        let snapshot_bytes = self.shared.snapshot_bytes.load(Ordering::Relaxed);
+        let tail_too_short = snapshot_bytes > SMALL_SNAPSHOT_BYTES
+            && tail.saturating_mul(record_bytes) < snapshot_bytes;
+        if tail < self.snapshot_records || tail_too_short {
             return;
         }
         let (version, at_ms) = (self.applied, self.last_now);

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::{
-    apply, Action, Actor, Applied, Commit, CreateApiKey, CreateBudget, CreateTenant, Effect,
-    FundBudget, Funding, FundingOp, GetReservation, Idempotency, Maintain, NewApiKey, NewBudget,
-    NewTenant, Operation, Rejection, Release, Reserve, SnapshotData, State, Subject, Unit,
-    TERMINAL_RETENTION_MS,
+    apply_in, Action, Actor, Applied, ArchiveLookup, Commit, CreateApiKey, CreateBudget,
+    CreateTenant, Effect, Found, FundBudget, Funding, FundingOp, GetReservation, Idempotency,
+    Maintain, NewApiKey, NewBudget, NewTenant, Operation, Origin, Rejection, Release, Reserve,
+    SnapshotData, State, Subject, Unit, TERMINAL_RETENTION_MS,
 };
 use store::embedded::{recover, verify, Durability, EmbeddedConfig, EmbeddedStore, Recovered};
 use store::{Clock, Load, ManualClock, Store};
@@ -27,6 +27,19 @@ use tempfile::TempDir;
 
 const TENANT: &str = "t";
 const DIGEST: [u8; 32] = [7; 32];
+
+/// A tenant and the digest of its API key: whose commands a workload's are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Party {
+    pub tenant: &'static str,
+    pub digest: [u8; 32],
+}
+
+/// The crash tests' tenant.
+const T: Party = Party {
+    tenant: TENANT,
+    digest: DIGEST,
+};
 pub(crate) const UNIT: Unit = Unit::UsdMicrocents;
 pub(crate) const T0: i64 = 1_800_000_000_000;
 /// Clock advance between commands (well inside the default 60 s reservation TTL).
@@ -80,18 +93,38 @@ macro_rules! with_operation {
     };
 }
 
+/// What a model's history store holds for a lookup.
+pub(crate) type Archive<'a> = &'a dyn Fn(&ArchiveLookup) -> Found;
+
 impl Command {
-    /// Applies the command to the model's `state`.
+    /// Applies the command to the model's `state` (with nothing archived).
     pub(crate) fn apply(self, state: &mut State, now: i64) -> Applied<String> {
-        fn erased<O: Operation>(state: &mut State, op: O, now: i64) -> Applied<String> {
-            let applied = apply(state, op, now);
+        self.apply_with(state, now, &|_| None)
+    }
+
+    /// Applies the command to the model's `state`, given what `archive` holds of the
+    /// reservations it archived.
+    pub(crate) fn apply_with(
+        self,
+        state: &mut State,
+        now: i64,
+        archive: Archive,
+    ) -> Applied<String> {
+        fn erased<O: Operation>(
+            state: &mut State,
+            op: O,
+            now: i64,
+            archive: Archive,
+        ) -> Applied<String> {
+            let found = op.archive_lookup(state, now).map(|lookup| archive(&lookup));
+            let applied = apply_in(state, op, now, &Origin::default, found);
             Applied {
                 result: answer(applied.result),
                 effects: applied.effects,
                 tenant: applied.tenant,
             }
         }
-        with_operation!(self, op => erased(state, op, now))
+        with_operation!(self, op => erased(state, op, now, archive))
     }
 
     /// Sends the command to the store.
@@ -130,12 +163,12 @@ fn tenant(id: &str) -> Command {
     })
 }
 
-fn budget(scope: &str, allocated: i64) -> Command {
+fn budget(party: Party, scope: &str, allocated: i64) -> Command {
     Command::CreateBudget(CreateBudget {
         actor: Actor::Admin,
         budget: NewBudget {
             ledger_id: format!("ledger-{scope}"),
-            tenant_id: Some(TENANT.into()),
+            tenant_id: Some(party.tenant.into()),
             scope: scope.into(),
             unit: UNIT,
             allocated,
@@ -151,15 +184,21 @@ fn budget(scope: &str, allocated: i64) -> Command {
 
 /// A tenant, its API key, and budgets at the tenant and at one agent.
 pub(crate) fn provisioning() -> Vec<Command> {
+    provision(T, 10_000_000, 2_000_000)
+}
+
+/// `party`'s tenant, its API key, and budgets at the tenant and at its agent `a`.
+pub(crate) fn provision(party: Party, tenant_allocated: i64, agent_allocated: i64) -> Vec<Command> {
+    let scope = format!("tenant:{}", party.tenant);
     vec![
-        tenant(TENANT),
+        tenant(party.tenant),
         Command::CreateApiKey(CreateApiKey {
             actor: Actor::Admin,
             key: NewApiKey {
-                key_id: "key-1".into(),
-                tenant_id: TENANT.into(),
+                key_id: format!("key-{}", party.tenant),
+                tenant_id: party.tenant.into(),
                 key_prefix: "cyc_live_".into(),
-                digest: DIGEST,
+                digest: party.digest,
                 name: "agent key".into(),
                 description: None,
                 permissions: None,
@@ -168,22 +207,23 @@ pub(crate) fn provisioning() -> Vec<Command> {
                 metadata: None,
             },
         }),
-        budget("tenant:t", 10_000_000),
-        budget("tenant:t/agent:a", 2_000_000),
+        budget(party, &scope, tenant_allocated),
+        budget(party, &format!("{scope}/agent:a"), agent_allocated),
     ]
 }
 
 pub(crate) fn reserve(id: &str, estimate: i64) -> Command {
-    reserve_for(id, estimate, None)
+    reserve_for(T, id, estimate, None)
 }
 
-fn reserve_for(id: &str, estimate: i64, ttl_ms: Option<i64>) -> Command {
+/// A reserve by `party`'s key at its agent `a`, its idempotency key named after `id`.
+pub(crate) fn reserve_for(party: Party, id: &str, estimate: i64, ttl_ms: Option<i64>) -> Command {
     Command::Reserve(Reserve {
-        actor: Actor::ApiKey(DIGEST),
+        actor: Actor::ApiKey(party.digest),
         idem: idem(format!("reserve-{id}")),
         reservation_id: id.into(),
         subject: Subject {
-            tenant: Some(TENANT.into()),
+            tenant: Some(party.tenant.into()),
             agent: Some("a".into()),
             ..Subject::default()
         },
@@ -203,8 +243,13 @@ fn reserve_for(id: &str, estimate: i64, ttl_ms: Option<i64>) -> Command {
 }
 
 fn commit(id: &str, key: &str, actual: i64) -> Command {
+    commit_by(T, id, key, actual)
+}
+
+/// A commit of reservation `id` by `party`'s key (whichever tenant's the reservation is).
+pub(crate) fn commit_by(party: Party, id: &str, key: &str, actual: i64) -> Command {
     Command::Commit(Commit {
-        actor: Actor::ApiKey(DIGEST),
+        actor: Actor::ApiKey(party.digest),
         idem: idem(format!("commit-{key}")),
         reservation_id: id.into(),
         unit: UNIT,
@@ -214,8 +259,13 @@ fn commit(id: &str, key: &str, actual: i64) -> Command {
 }
 
 fn release(id: &str) -> Command {
+    release_by(T, id)
+}
+
+/// A release of reservation `id` by `party`'s key.
+pub(crate) fn release_by(party: Party, id: &str) -> Command {
     Command::Release(Release {
-        actor: Actor::ApiKey(DIGEST),
+        actor: Actor::ApiKey(party.digest),
         idem: idem(format!("release-{id}")),
         reservation_id: id.into(),
         reason: Some("not needed".into()),
@@ -228,11 +278,16 @@ pub(crate) fn credit(n: usize) -> Command {
 
 /// A credit of `amount` to the tenant's budget.
 pub(crate) fn fund(n: usize, amount: i64) -> Command {
+    fund_to(T, n, amount)
+}
+
+/// A credit of `amount` to `party`'s tenant budget, its idempotency key named after `n`.
+pub(crate) fn fund_to(party: Party, n: usize, amount: i64) -> Command {
     Command::FundBudget(FundBudget {
         actor: Actor::Admin,
         fund: Funding {
-            tenant_id: Some(TENANT.into()),
-            scope: "tenant:t".into(),
+            tenant_id: Some(party.tenant.into()),
+            scope: format!("tenant:{}", party.tenant),
             unit: UNIT,
             operation: FundingOp::Credit,
             amount,
@@ -259,7 +314,7 @@ pub(crate) fn workload(start: usize, len: usize) -> Vec<Command> {
         let estimate = 1_000 + 7 * n as i64;
         if n % 10 == 4 {
             // Lapses before the next command (STEP_MS later), which expires it.
-            commands.push(reserve_for(&id, estimate, Some(1)));
+            commands.push(reserve_for(T, &id, estimate, Some(1)));
             commands.push(Command::Maintain(Maintain {
                 limit: 16,
                 archive_after_ms: 0,
