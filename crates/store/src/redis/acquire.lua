@@ -1,6 +1,7 @@
 -- Takes the writer's lease for this instance, if it is its own already, or free and no
 -- other instance is waiting for it (turns go in order of asking), and answers the log's
--- version (what the instance must have applied before it writes). Otherwise it leaves word
+-- version (what the instance must have applied before it writes) and Redis's clock (the
+-- ledger's time, one for every instance: seconds, microseconds). Otherwise it leaves word
 -- that this instance wants it, unless another already has, and answers how long the
 -- holder has left (-2: nobody holds it, another instance's turn is next).
 -- KEYS: marker, version, lease, want
@@ -16,7 +17,8 @@ if free or holder == ARGV[1] then
   if waiting == ARGV[1] then
     redis.call('DEL', KEYS[4])
   end
-  return {'OK', redis.call('GET', KEYS[2]) or '0'}
+  local time = redis.call('TIME')
+  return {'OK', redis.call('GET', KEYS[2]) or '0', time[1], time[2]}
 end
 if waiting == false or waiting == ARGV[1] then
   redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[3])

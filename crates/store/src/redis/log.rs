@@ -242,8 +242,8 @@ impl Default for Scripts {
 
 /// The lease's answer.
 pub enum Lease {
-    /// Held by this instance, and the log is at this version.
-    Held(u64),
+    /// Held by this instance; the log is at `version`, and Redis's clock read `redis_ms`.
+    Held { version: u64, redis_ms: i64 },
     /// Held by another for this many more milliseconds (0: free, but another instance's
     /// turn is next).
     Busy(u64),
@@ -349,7 +349,10 @@ impl Log {
             .arg(WANT_MS)
             .invoke(conn.link())?;
         match status(&reply)?.as_str() {
-            "OK" => Ok(Lease::Held(parse_u64(&field::<String>(&reply, 1)?)?)),
+            "OK" => Ok(Lease::Held {
+                version: parse_u64(&field::<String>(&reply, 1)?)?,
+                redis_ms: millis(&field::<String>(&reply, 2)?, &field::<String>(&reply, 3)?)?,
+            }),
             "HELD" => Ok(Lease::Busy(
                 field::<String>(&reply, 1)?
                     .parse::<i64>()
@@ -403,6 +406,12 @@ impl Log {
             .arg(&self.holder)
             .invoke(conn.link())?;
         Ok(())
+    }
+
+    /// Redis's clock, in milliseconds.
+    pub fn time(&self, conn: &mut Conn) -> Result<i64, LogError> {
+        let (seconds, micros): (String, String) = ::redis::cmd("TIME").query(conn.link())?;
+        millis(&seconds, &micros)
     }
 
     /// The log's version: the last sequence number in it.
@@ -516,6 +525,15 @@ pub fn read_frames(
         return Err(LogError::Corrupt(format!("a {what} entry is damaged")));
     }
     Ok(())
+}
+
+/// Milliseconds from `TIME`'s seconds and microseconds.
+fn millis(seconds: &str, micros: &str) -> Result<i64, LogError> {
+    let number = |text: &str| {
+        text.parse::<i64>()
+            .map_err(|_| LogError::Corrupt(format!("Redis's TIME answered {text:?}")))
+    };
+    Ok(number(seconds)? * 1_000 + number(micros)? / 1_000)
 }
 
 fn parse_u64(text: &str) -> Result<u64, LogError> {

@@ -93,6 +93,10 @@ pub struct RedisConfig {
     /// Where this instance keeps its history cache (rebuilt from the log at start).
     pub history_dir: PathBuf,
     pub clock: Arc<dyn Clock>,
+    /// The ledger's time is Redis's clock (read at start and at each lease, and run
+    /// forward by `clock` between), so that every instance decides with the same time
+    /// whatever its own clock says. Off: `clock` alone (tests that set the time).
+    pub clock_from_redis: bool,
     pub retention: Retention,
     /// Records the log holds past its snapshot before a compaction replaces them (and how
     /// many an instance replays to start, at most, beyond those appended meanwhile).
@@ -121,6 +125,7 @@ impl RedisConfig {
             replicas: 0,
             history_dir: history_dir.into(),
             clock,
+            clock_from_redis: true,
             retention: Retention::default(),
             snapshot_records: DEFAULT_SNAPSHOT_RECORDS,
         }

@@ -201,6 +201,10 @@ pub struct Writer {
     applied: u64,
     /// The ledger's time never steps back, whichever instance wrote last.
     last_now: Millis,
+    /// Whether the ledger's time is Redis's clock (see [`RedisConfig::clock_from_redis`]).
+    clock_from_redis: bool,
+    /// Redis's clock less this instance's, as last read.
+    clock_offset: Millis,
     /// The ledger's marker, once found: a Redis without it is never served again.
     marker: Option<String>,
     /// Whether `state` is the log's up to `applied` (false after a failed append, until
@@ -254,6 +258,8 @@ impl Writer {
             state: State::new(),
             applied: 0,
             last_now: Millis::MIN,
+            clock_from_redis: config.clock_from_redis,
+            clock_offset: 0,
             marker: None,
             loaded: false,
             lease_until: None,
@@ -326,6 +332,8 @@ impl Writer {
         // has, an empty Redis is a wiped one.
         let create = self.marker.is_none();
         let (marker, created) = self.log.init(self.link.get()?, &new_marker, create)?;
+        let redis_ms = self.log.time(self.link.get()?)?;
+        self.set_clock(redis_ms);
         match &self.marker {
             Some(known) if *known != marker => return Err(Refused::Wiped.into()),
             _ => self.marker = Some(marker.clone()),
@@ -346,6 +354,26 @@ impl Writer {
             records,
             settings: Some(settings),
         })
+    }
+
+    /// The ledger's time for a round: Redis's clock as last read, run forward by this
+    /// instance's, never before a time the ledger has seen.
+    fn now(&mut self) -> Millis {
+        let now = self
+            .shared
+            .clock
+            .now_ms()
+            .saturating_add(self.clock_offset)
+            .max(self.last_now);
+        self.last_now = now;
+        now
+    }
+
+    /// Sets the ledger's clock from Redis's, read as `redis_ms` just now.
+    fn set_clock(&mut self, redis_ms: Millis) {
+        if self.clock_from_redis {
+            self.clock_offset = redis_ms - self.shared.clock.now_ms();
+        }
     }
 
     /// Reads the ledger's snapshot and the log after it into a new state, and hands the
@@ -416,8 +444,7 @@ impl Writer {
             drop(jobs);
             return;
         }
-        let now = self.shared.clock.now_ms().max(self.last_now);
-        self.last_now = now;
+        let now = self.now();
         let base = self.applied;
         let mut seq = base;
         let mut entries = Vec::new();
@@ -481,8 +508,7 @@ impl Writer {
             self.broke(e);
             return jobs;
         }
-        let now = self.shared.clock.now_ms().max(self.last_now);
-        self.last_now = now;
+        let now = self.now();
         let mut rest = Vec::new();
         for job in jobs {
             let mut ctx = Ctx {
@@ -658,7 +684,8 @@ impl Writer {
             let sent = Instant::now();
             let lease = self.lease;
             match self.log.acquire(self.link.get()?, lease)? {
-                Lease::Held(version) => {
+                Lease::Held { version, redis_ms } => {
+                    self.set_clock(redis_ms);
                     waited(&self.shared);
                     self.catch_up(version, true)?;
                     Counters::add(&self.shared.counters.leases, 1);

@@ -42,6 +42,8 @@ fn open(
     snapshot_records: u64,
 ) -> RedisStore {
     let mut config = RedisConfig::new(url, dir, clock);
+    // The model's time is the test's.
+    config.clock_from_redis = false;
     config.namespace = namespace.into();
     config.durability = RedisDurability::None;
     config.timeout = std::time::Duration::from_secs(2);
@@ -531,5 +533,59 @@ async fn random_sequence(url: &str, steps: &[Step]) {
     assert!(compactions > 0, "no compaction ran");
     assert_reads_back(url, &namespace, &model.state);
     store::redis::delete_ledger(url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
+}
+
+/// The ledger's time is Redis's clock, whatever an instance's own clock says: two
+/// instances whose clocks are a year apart hold reservations until the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledgers_time_is_redis_clock() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("clock");
+    let year = 365 * 24 * 3_600_000;
+    let stores: Vec<(RedisStore, tempfile::TempDir)> = [T0, T0 + year]
+        .into_iter()
+        .map(|t| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let mut config = RedisConfig::new(&url, dir.path(), Arc::new(ManualClock::new(t)));
+            config.namespace = namespace.clone();
+            config.durability = RedisDurability::None;
+            let store = RedisStore::open(config).expect("open the Redis engine").0;
+            (store, dir)
+        })
+        .collect();
+    for command in provision(PARTIES[0], 1 << 40, 1 << 30) {
+        command
+            .execute(&stores[0].0, Load::Busy)
+            .await
+            .expect("provision");
+    }
+    let redis_now = {
+        let mut conn = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection())
+            .expect("connect to Redis");
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut conn).expect("TIME");
+        s * 1_000 + us / 1_000
+    };
+    for (i, (store, _)) in stores.iter().enumerate() {
+        let id = format!("res-clock-{i}");
+        let answer = reserve_for(PARTIES[0], &id, 10, Some(60_000))
+            .execute(store, Load::Busy)
+            .await
+            .expect("reserved");
+        let expires: i64 = answer
+            .split("expires_at_ms: Some(")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no expiry in {answer}"));
+        let held_for = expires - redis_now;
+        assert!(
+            (55_000..=70_000).contains(&held_for),
+            "instance {i} holds it until {held_for} ms after Redis's now"
+        );
+    }
+    drop(stores);
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
         .expect("delete the test ledger");
 }

@@ -76,6 +76,8 @@ impl Engine {
             Engine::Redis | Engine::RedisCluster => {
                 let ledger = ledger.expect("a Redis engine has a ledger");
                 let mut config = RedisConfig::new(ledger.url.clone(), dir.join("history"), clock);
+                // The tests set the time.
+                config.clock_from_redis = false;
                 config.topology = topology(ledger.cluster);
                 config.namespace = ledger.namespace.clone();
                 // The test Redis need not persist anything: what is tested is the engine.
