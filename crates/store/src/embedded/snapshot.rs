@@ -44,7 +44,7 @@ pub fn write_snapshot<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Resul
         .create(true)
         .truncate(true)
         .open(&tmp)?;
-    encode_into(&mut file, seq, data)?;
+    encode_snapshot_into(&mut file, seq, data)?;
     file.sync_all()?;
     drop(file);
     fs::rename(&tmp, &path)?;
@@ -52,16 +52,14 @@ pub fn write_snapshot<T: Serialize>(dir: &Path, seq: u64, data: &T) -> io::Resul
     Ok(path)
 }
 
-/// A snapshot's bytes, exactly as its file holds them (the Redis engine keeps them in
-/// Redis); read back with [`parse_snapshot`].
-pub fn encode_snapshot<T: Serialize>(seq: u64, data: &T) -> io::Result<Vec<u8>> {
-    let mut out = io::Cursor::new(Vec::new());
-    encode_into(&mut out, seq, data)?;
-    Ok(out.into_inner())
-}
-
-/// Writes the header, streams the payload after it, then fills in its length and checksum.
-fn encode_into<W: Write + Seek, T: Serialize>(out: &mut W, seq: u64, data: &T) -> io::Result<()> {
+/// Streams a snapshot's bytes, exactly as its file holds them, into `out` (a file here;
+/// the Redis engine's parts in Redis): the header, the payload after it, then the header's
+/// length and checksum filled in. Read back with [`parse_snapshot`].
+pub fn encode_snapshot_into<W: Write + Seek, T: Serialize>(
+    out: &mut W,
+    seq: u64,
+    data: &T,
+) -> io::Result<()> {
     let mut header = Vec::with_capacity(HEADER_LEN as usize);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());

@@ -9,7 +9,7 @@
 //!
 //! 1. copies the history of the records it will remove (audit entries, events, delivery
 //!    versions, archived reservations) into one stream per kind (`{ns}:history:<kind>`),
-//!    each entry the records of one page of the log that carry that kind, with only those
+//!    each entry about [`CHUNK_BYTES`] of the records that carry that kind, with only those
 //!    effects, its id the last record's sequence number;
 //! 2. writes the snapshot (the embedded engine's snapshot bytes, checksummed) in parts of
 //!    [`PART_BYTES`] under a name of its own, listed as pending first, so parts a crash
@@ -35,7 +35,7 @@ use ledger::{Effect, Millis, SnapshotSource, State};
 
 use super::log::{read_frames, Conn, Keys, LogError, Topology};
 use crate::embedded::journal::{encode_record, JournalRecord};
-use crate::embedded::snapshot::{encode_snapshot, parse_snapshot};
+use crate::embedded::snapshot::{encode_snapshot_into, parse_snapshot};
 use crate::history::{Cutoffs, Item, Projector, Retention};
 use crate::Clock;
 
@@ -46,6 +46,9 @@ pub const PART_BYTES: usize = 1 << 20;
 const LOCK_MS: u64 = 300_000;
 /// Log entries (rounds) read per page while copying history out.
 const LOG_PAGE: usize = 32;
+/// A history entry's records, at least, before it is appended (so that a page of entries
+/// read back arrives within a command's timeout).
+const CHUNK_BYTES: usize = 256 << 10;
 /// History entries read per page while replaying them.
 const HISTORY_PAGE: usize = 8;
 /// History entries past their retention deleted per script call, at most.
@@ -423,21 +426,12 @@ impl Compactor {
         let k = &self.keys;
         self.delete_pending(conn, None)?;
         self.copy_history(scripts, conn, marker, from, version)?;
-        let bytes = encode_snapshot(version, source)
-            .map_err(|e| LogError::Corrupt(format!("encoding the snapshot: {e}")))?;
         let name = format!("{version}.{}", uuid::Uuid::new_v4().simple());
         let _: i64 = ::redis::cmd("SADD")
             .arg(&k.pending)
             .arg(&name)
             .query(conn.link())?;
-        let mut parts = 0u64;
-        for part in bytes.chunks(PART_BYTES) {
-            let _: () = ::redis::cmd("SET")
-                .arg(k.snapshot_part(&name, parts))
-                .arg(part)
-                .query(conn.link())?;
-            parts += 1;
-        }
+        let (parts, bytes) = write_snapshot(conn, k, &name, version, source)?;
         let status: String = scripts
             .commit
             .key(&k.marker)
@@ -452,7 +446,7 @@ impl Compactor {
             .arg(version)
             .arg(parts)
             .arg(at_ms)
-            .arg(bytes.len())
+            .arg(bytes)
             .arg(format!("{}-0", version + 1))
             .invoke(conn.link())?;
         match status.as_str() {
@@ -468,10 +462,7 @@ impl Compactor {
         }
         self.delete_pending(conn, Some(&name))?;
         self.trim_history(scripts, conn)?;
-        Ok(Compacted::Done {
-            version,
-            bytes: bytes.len() as u64,
-        })
+        Ok(Compacted::Done { version, bytes })
     }
 
     /// Deletes the parts of every pending snapshot but `keep` (the current one).
@@ -525,6 +516,7 @@ impl Compactor {
             };
         }
         let mut after = copied.iter().copied().min().unwrap_or(from);
+        let mut chunks: [Chunk; 5] = Default::default();
         while after < version {
             let page: ::redis::streams::StreamRangeReply = ::redis::cmd("XRANGE")
                 .arg(&k.log)
@@ -539,48 +531,62 @@ impl Compactor {
                 )));
             };
             let page_end = entry_seq(&last.id)?;
-            let mut chunks: [Vec<JournalRecord>; 5] = Default::default();
             for entry in &page.ids {
                 let frames: Vec<u8> = entry.get("r").ok_or_else(|| {
                     LogError::Corrupt(format!("log entry {} has no records", entry.id))
                 })?;
+                let mut encoded = Ok(());
                 read_frames(&frames, "log", |record| {
-                    split_history(record, &copied, &mut chunks);
-                    true
+                    encoded = split_history(record, &copied, &mut chunks);
+                    encoded.is_ok()
                 })?;
-            }
-            for (i, chunk) in chunks.iter().enumerate() {
-                let Some(last) = chunk.last() else { continue };
-                let at = chunk.iter().map(|r| r.at_ms).max().unwrap_or(0);
-                let mut frames = Vec::new();
-                for record in chunk {
-                    encode_record(record, &mut frames)
-                        .map_err(|e| LogError::Corrupt(format!("encoding history: {e}")))?;
-                }
-                let status: String = scripts
-                    .history
-                    .key(&k.marker)
-                    .key(&k.compacting)
-                    .key(k.history(HistoryKind::ALL[i].name()))
-                    .arg(marker)
-                    .arg(&self.holder)
-                    .arg(format!("{}-0", last.seq))
-                    .arg(at)
-                    .arg(frames)
-                    .invoke(conn.link())?;
-                match status.as_str() {
-                    "OK" => copied[i] = last.seq,
-                    "WIPED" => return Err(super::log::Refused::Wiped.into()),
-                    other => {
-                        return Err(LogError::Corrupt(format!(
-                            "copying history refused: {other}"
-                        )))
+                encoded?;
+                for (i, chunk) in chunks.iter_mut().enumerate() {
+                    if chunk.frames.len() >= CHUNK_BYTES {
+                        self.append_history(scripts, conn, marker, HistoryKind::ALL[i], chunk)?;
                     }
                 }
             }
             after = page_end;
         }
+        for (i, chunk) in chunks.iter_mut().enumerate() {
+            if !chunk.frames.is_empty() {
+                self.append_history(scripts, conn, marker, HistoryKind::ALL[i], chunk)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Appends `chunk` to its kind's stream (fenced by the marker and the lock), and
+    /// empties it.
+    fn append_history(
+        &self,
+        scripts: &Scripts,
+        conn: &mut Conn,
+        marker: &str,
+        kind: HistoryKind,
+        chunk: &mut Chunk,
+    ) -> Result<(), LogError> {
+        let k = &self.keys;
+        let status: String = scripts
+            .history
+            .key(&k.marker)
+            .key(&k.compacting)
+            .key(k.history(kind.name()))
+            .arg(marker)
+            .arg(&self.holder)
+            .arg(format!("{}-0", chunk.last))
+            .arg(chunk.at)
+            .arg(&chunk.frames)
+            .invoke(conn.link())?;
+        *chunk = Chunk::default();
+        match status.as_str() {
+            "OK" => Ok(()),
+            "WIPED" => Err(super::log::Refused::Wiped.into()),
+            other => Err(LogError::Corrupt(format!(
+                "copying history refused: {other}"
+            ))),
+        }
     }
 
     /// Deletes history entries past their retention, oldest first.
@@ -606,8 +612,152 @@ impl Compactor {
     }
 }
 
+/// Streams the snapshot of `source` at `version` into the parts of the snapshot `name`, in
+/// order, never holding more than two parts of it; answers how many parts and bytes.
+fn write_snapshot(
+    conn: &mut Conn,
+    keys: &Keys,
+    name: &str,
+    version: u64,
+    source: &SnapshotSource,
+) -> Result<(u64, u64), LogError> {
+    let mut parts = Parts {
+        conn,
+        keys,
+        name,
+        first: Vec::with_capacity(PART_BYTES),
+        current: Vec::new(),
+        written: 0,
+        len: 0,
+        at: 0,
+    };
+    encode_snapshot_into(&mut parts, version, source).map_err(|e| {
+        match e.downcast::<LogError>() {
+            Ok(e) => e,
+            Err(e) => LogError::Corrupt(format!("encoding the snapshot: {e}")),
+        }
+    })?;
+    parts.finish()?;
+    Ok((parts.written, parts.len))
+}
+
+/// A snapshot's bytes on their way to Redis, a part at a time. The first part stays in
+/// memory to the end (its header's length and checksum are filled in last) and is written
+/// again then; every other goes once full.
+struct Parts<'a> {
+    conn: &'a mut Conn,
+    keys: &'a Keys,
+    name: &'a str,
+    first: Vec<u8>,
+    current: Vec<u8>,
+    /// Parts written so far.
+    written: u64,
+    len: u64,
+    /// Where the next write goes.
+    at: u64,
+}
+
+impl Parts<'_> {
+    fn set(&mut self, index: u64, bytes: &[u8]) -> Result<(), LogError> {
+        let _: () = ::redis::cmd("SET")
+            .arg(self.keys.snapshot_part(self.name, index))
+            .arg(bytes)
+            .query(self.conn.link())?;
+        Ok(())
+    }
+
+    /// Writes the full first part (once: parts go in order, so a crash leaves no gap),
+    /// or a full later one.
+    fn flush_full(&mut self) -> Result<(), LogError> {
+        if self.written == 0 && self.first.len() == PART_BYTES {
+            let first = std::mem::take(&mut self.first);
+            self.set(0, &first)?;
+            self.first = first;
+            self.written = 1;
+        }
+        if self.current.len() == PART_BYTES {
+            let current = std::mem::take(&mut self.current);
+            self.set(self.written, &current)?;
+            self.written += 1;
+        }
+        Ok(())
+    }
+
+    /// Writes the last part, then the first again, as it ends.
+    fn finish(&mut self) -> Result<(), LogError> {
+        if self.written == 0 {
+            self.written = 1;
+        } else if !self.current.is_empty() {
+            let current = std::mem::take(&mut self.current);
+            self.set(self.written, &current)?;
+            self.written += 1;
+        }
+        let first = std::mem::take(&mut self.first);
+        self.set(0, &first)
+    }
+}
+
+impl std::io::Write for Parts<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.at < self.len {
+            // A patch of the header, in the first part.
+            let at = self.at as usize;
+            let end = at + buf.len();
+            if end > self.first.len() {
+                return Err(std::io::Error::other(
+                    "a snapshot is patched only in its header",
+                ));
+            }
+            self.first[at..end].copy_from_slice(buf);
+            self.at = end as u64;
+            return Ok(buf.len());
+        }
+        let into = if self.written == 0 {
+            &mut self.first
+        } else {
+            &mut self.current
+        };
+        let n = buf.len().min(PART_BYTES - into.len());
+        into.extend_from_slice(&buf[..n]);
+        self.len += n as u64;
+        self.at = self.len;
+        self.flush_full().map_err(std::io::Error::other)?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl std::io::Seek for Parts<'_> {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.at = match to {
+            std::io::SeekFrom::Start(n) => n,
+            std::io::SeekFrom::End(d) => self.len.saturating_add_signed(d),
+            std::io::SeekFrom::Current(d) => self.at.saturating_add_signed(d),
+        };
+        Ok(self.at)
+    }
+}
+
+/// One kind's records on their way to its stream.
+#[derive(Default)]
+struct Chunk {
+    /// The records, encoded as the log holds them (with only that kind's effects).
+    frames: Vec<u8>,
+    /// The last record's sequence number: the entry's id.
+    last: u64,
+    /// The newest record's time: the entry's `at`, which retention goes by.
+    at: Millis,
+}
+
 /// Adds the history `record` carries to each kind's chunk, unless that kind's stream has it.
-fn split_history(record: JournalRecord, copied: &[u64; 5], chunks: &mut [Vec<JournalRecord>; 5]) {
+fn split_history(
+    record: JournalRecord,
+    copied: &[u64; 5],
+    chunks: &mut [Chunk; 5],
+) -> Result<(), LogError> {
     let mut split: [Vec<Effect>; 5] = Default::default();
     for effect in record.effects {
         if let Some(kind) = HistoryKind::of(&effect) {
@@ -620,13 +770,19 @@ fn split_history(record: JournalRecord, copied: &[u64; 5], chunks: &mut [Vec<Jou
             }
         }
     }
-    for (i, effects) in split.into_iter().enumerate() {
-        if !effects.is_empty() {
-            chunks[i].push(JournalRecord {
-                seq: record.seq,
-                at_ms: record.at_ms,
-                effects,
-            });
+    for (chunk, effects) in chunks.iter_mut().zip(split) {
+        if effects.is_empty() {
+            continue;
         }
+        let part = JournalRecord {
+            seq: record.seq,
+            at_ms: record.at_ms,
+            effects,
+        };
+        encode_record(&part, &mut chunk.frames)
+            .map_err(|e| LogError::Corrupt(format!("encoding history: {e}")))?;
+        chunk.last = record.seq;
+        chunk.at = chunk.at.max(record.at_ms);
     }
+    Ok(())
 }

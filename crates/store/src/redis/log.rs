@@ -105,6 +105,11 @@ impl Link {
         Ok(self.conn.as_mut().expect("invariant: connected just above"))
     }
 
+    /// A connection of its own to the same Redis, each command bounded by `timeout`.
+    pub fn separate(&self, timeout: Duration) -> Result<Conn, LogError> {
+        Ok(Conn::open(&self.url, &self.topology, timeout)?)
+    }
+
     /// The connection, if one is open.
     pub fn open(&mut self) -> Option<&mut Conn> {
         self.conn.as_mut()

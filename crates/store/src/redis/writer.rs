@@ -52,6 +52,8 @@ const COMPACTION_SPACING: Duration = Duration::from_secs(1);
 /// A snapshot this small is rewritten whenever the log's tail is long enough in records;
 /// a larger one only once the tail is at least its size.
 const SMALL_SNAPSHOT_BYTES: u64 = 16 << 20;
+/// How long one of loading's commands may take, at least.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one of the compactor's commands may take: it works in the background, and
 /// moves a snapshot's parts.
 const COMPACTION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -384,7 +386,9 @@ impl Writer {
             .progress()
             .wait_caught_up(crate::history::CATCH_UP);
         let held = projector.history().held_seq().unwrap_or(0);
-        let conn = self.link.get()?;
+        // Loading moves a snapshot's parts and pages of history: its commands get longer
+        // than serving's.
+        let conn = &mut self.link.separate(self.timeout.max(LOAD_TIMEOUT))?;
         let (mut state, from, mut last_now) = match compaction::load_snapshot(conn, &self.log.keys)?
         {
             Some((pointer, state)) => {

@@ -589,3 +589,35 @@ async fn the_ledgers_time_is_redis_clock() {
     store::redis::delete_ledger(&url, &Topology::Single, &namespace)
         .expect("delete the test ledger");
 }
+
+/// A state larger than a snapshot part (1 MiB) goes to Redis in several parts and reads
+/// back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_several_parts_reads_back() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("parts");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(&url, &namespace, clock.clone(), dir.path(), 5_000);
+    let mut model = Model::default();
+    let mut commands = provision(PARTIES[0], 1 << 40, 1 << 40);
+    commands.extend(
+        (0..5_000).map(|n| reserve_for(PARTIES[0], &format!("res-parts-{n}"), 1, Some(3_600_000))),
+    );
+    run(&store, &clock, &mut model, commands).await;
+    compacted_through(&store, 5_000).await;
+    store.shutdown().await;
+    let mut conn = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect to Redis");
+    let parts: u64 = redis::cmd("HGET")
+        .arg(format!("{{{namespace}}}:snapshot"))
+        .arg("parts")
+        .query(&mut conn)
+        .expect("the snapshot's parts");
+    assert!(parts >= 2, "{parts} part(s)");
+    let (snapshot, _) = assert_reads_back(&url, &namespace, &model.state);
+    assert!(snapshot.is_some_and(|v| v >= 5_000));
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
+}
