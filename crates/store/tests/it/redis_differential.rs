@@ -621,3 +621,49 @@ async fn a_snapshot_of_several_parts_reads_back() {
     store::redis::delete_ledger(&url, &Topology::Single, &namespace)
         .expect("delete the test ledger");
 }
+
+/// More history of one kind than one entry holds (about 256 KiB) goes to its stream in
+/// several entries, and a new instance reads all of it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_larger_than_an_entry_reads_back_whole() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("chunks");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open(&url, &namespace, clock.clone(), dir.path(), 3_000);
+    let mut model = Model::default();
+    let party = PARTIES[0];
+    let mut commands = provision(party, 1 << 40, 1 << 40);
+    for n in 0..1_500 {
+        let id = format!("res-chunk-{n}");
+        commands.push(reserve_for(party, &id, 10, None));
+        commands.push(commit_by(party, &id, &id, 5));
+        if n % 16 == 15 {
+            commands.push(Command::Maintain(ledger::Maintain {
+                limit: 64,
+                archive_after_ms: 0,
+            }));
+        }
+    }
+    run(&store, &clock, &mut model, commands).await;
+    compacted_through(&store, 3_000).await;
+    store.shutdown().await;
+    let entries = history_times(&url, &namespace, "archived").len();
+    assert!(entries >= 2, "{entries} history entries");
+    let fresh_dir = tempfile::tempdir().expect("temp dir");
+    let fresh = open(&url, &namespace, clock.clone(), fresh_dir.path(), 3_000);
+    let archived = fresh
+        .read_history(|h| Ok(h.archived_count()))
+        .await
+        .expect("read the history");
+    assert!(
+        model.archive.len() > 1_000,
+        "{} archived",
+        model.archive.len()
+    );
+    assert_eq!(archived, model.archive.len() as u64);
+    drop(fresh);
+    assert_reads_back(&url, &namespace, &model.state);
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
+}
