@@ -2484,8 +2484,20 @@ function frames() {
 async function auditRows() {
   const body = page.locator('[role="rowgroup"]:has([role="row"][aria-rowindex])');
   if ((await body.count()) === 0) return [];
+  try {
+    return await readAuditRows(body);
+  } catch (e) {
+    // The list emptied while it was read (the answer to a new query came in): no rows.
+    if ((await body.count()) === 0) return [];
+    throw e;
+  }
+}
+
+/** Reads the rows of the audit list's `body` (see `auditRows`); each look waits 2 s at most. */
+async function readAuditRows(body) {
+  const look = { timeout: 2_000 };
   const seen = new Map();
-  await body.evaluate((el) => { el.scrollTop = 0; });
+  await body.evaluate((el) => { el.scrollTop = 0; }, undefined, look);
   for (;;) {
     await frames();
     const rows = await body.evaluate((el) => [...el.querySelectorAll('[role="row"][aria-rowindex]')]
@@ -2500,16 +2512,16 @@ async function auditRows() {
           cells[5].innerText.trim(),
           spans(cells[6]).join(' '),
         ]];
-      }));
+      }), undefined, look);
     for (const [index, line] of rows) seen.set(index, line);
     const more = await body.evaluate((el) => {
       if (el.scrollTop + el.clientHeight >= el.scrollHeight - 1) return false;
       el.scrollTop += el.clientHeight;
       return true;
-    });
+    }, undefined, look);
     if (!more) break;
   }
-  await body.evaluate((el) => { el.scrollTop = 0; });
+  await body.evaluate((el) => { el.scrollTop = 0; }, undefined, look);
   await frames();
   // aria-rowindex counts the header row as 1.
   const lines = [];
