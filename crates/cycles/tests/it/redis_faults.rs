@@ -227,6 +227,21 @@ struct Told {
     unexpected: Vec<(u16, Value)>,
 }
 
+/// Eight clients running `lifecycles` until the flag is set.
+fn clients_under_load(
+    base: &str,
+    key: &str,
+) -> (Arc<AtomicBool>, Vec<tokio::task::JoinHandle<Told>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = (0..8)
+        .map(|c| {
+            let (base, key) = (base.to_string(), key.to_string());
+            tokio::spawn(lifecycles(base, key, format!("client{c}"), stop.clone()))
+        })
+        .collect();
+    (stop, clients)
+}
+
 /// Reserve → commit until `stop`, going on through 503s.
 async fn lifecycles(base: String, key: String, name: String, stop: Arc<AtomicBool>) -> Told {
     let http = client();
@@ -277,17 +292,7 @@ async fn kill_9_of_redis_under_load_loses_nothing_it_acknowledged() {
     let mut rig = rig("200").await;
     let base = rig.server.base.clone();
     let key = provision_tenant(&base, 1_000_000_000_000).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..8)
-        .map(|c| {
-            tokio::spawn(lifecycles(
-                base.clone(),
-                key.clone(),
-                format!("client{c}"),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let (stop, clients) = clients_under_load(&base, &key);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     rig.redis.kill9();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -651,17 +656,7 @@ async fn a_failover_under_load_loses_nothing_acknowledged() {
     let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
     let base = server.base.clone();
     let key = provision_tenant(&base, 1_000_000_000_000).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..8)
-        .map(|c| {
-            tokio::spawn(lifecycles(
-                base.clone(),
-                key.clone(),
-                format!("client{c}"),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let (stop, clients) = clients_under_load(&base, &key);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     primary.kill9();
     tokio::time::sleep(Duration::from_millis(200)).await;
