@@ -208,6 +208,13 @@ pub struct ServeArgs {
     /// journal must also have grown by the last snapshot's size).
     #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_MIB", default_value_t = 256)]
     snapshot_after_mib: u64,
+    /// Journal records after which a snapshot is written, even short of
+    /// `--snapshot-after-mib` (the journal must also have grown by the last snapshot's
+    /// size): a restart after a crash replays at most about this many.
+    #[arg(long, env = "CYCLES_SNAPSHOT_AFTER_RECORDS",
+        default_value_t = store::embedded::DEFAULT_SNAPSHOT_AFTER_RECORDS,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_after_records: u64,
     /// Days audit entries are kept (0 = forever).
     #[arg(long, env = "CYCLES_AUDIT_RETENTION_DAYS", default_value_t = Retention::DEFAULT.authenticated_days)]
     audit_retention_days: u32,
@@ -406,6 +413,7 @@ fn open_embedded(
 ) -> anyhow::Result<(store::Engine, String)> {
     let mut config = EmbeddedConfig::new(&args.data_dir, durability, Arc::new(SystemClock));
     config.snapshot_after_bytes = args.snapshot_after_mib.max(1) << 20;
+    config.snapshot_after_records = args.snapshot_after_records;
     config.retention = retention;
     let opening = std::time::Instant::now();
     let (store, report) = EmbeddedStore::open(config)

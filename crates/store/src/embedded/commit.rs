@@ -106,6 +106,7 @@ pub struct Syncer {
     pub spare: Vec<u8>,
     pub dir: PathBuf,
     pub snapshot_after_bytes: u64,
+    pub snapshot_after_records: u64,
     /// The size of the newest snapshot: the journal must grow at least as much before the
     /// next one (see [`super::EmbeddedConfig::snapshot_after_bytes`]).
     pub last_snapshot_len: u64,
@@ -538,7 +539,7 @@ impl Shared {
         // The round whose frames take the segment past the threshold starts the snapshot,
         // not whichever write comes after it: on a server that has gone quiet that may be
         // much later, in the middle of other work.
-        let snapshot_due = snapshot_idle && syncer.threshold_reached(syncer.spare.len());
+        let snapshot_due = snapshot_idle && syncer.snapshot_due(syncer.spare.len(), upto);
         Ok(Some(Round {
             upto,
             history,
@@ -654,11 +655,13 @@ impl Syncer {
         true
     }
 
-    /// Whether the segment, with `incoming` more bytes, is as large as the threshold and as
-    /// the last snapshot.
-    fn threshold_reached(&self, incoming: usize) -> bool {
-        let threshold = self.snapshot_after_bytes.max(self.last_snapshot_len);
-        self.journal.segment_len() + incoming as u64 >= threshold
+    /// Whether the segment, with `incoming` more bytes and records up to `upto`, has reached
+    /// either threshold, and is as large as the last snapshot.
+    fn snapshot_due(&self, incoming: usize, upto: u64) -> bool {
+        let bytes = self.journal.segment_len() + incoming as u64;
+        let records = (upto + 1).saturating_sub(self.journal.first_seq());
+        let reached = bytes >= self.snapshot_after_bytes || records >= self.snapshot_after_records;
+        reached && bytes >= self.last_snapshot_len
     }
 }
 

@@ -86,6 +86,8 @@ pub struct JournalWriter {
     dir: PathBuf,
     /// Positioned at `segment_len`.
     file: File,
+    /// The sequence number the segment's first record has (or will have).
+    first_seq: u64,
     /// Where the records end.
     segment_len: u64,
     /// The file's length: zeros from `segment_len` to here.
@@ -113,6 +115,7 @@ impl JournalWriter {
         let mut writer = JournalWriter {
             dir: dir.to_path_buf(),
             file,
+            first_seq,
             segment_len: HEADER_LEN,
             allocated: 0,
             faults,
@@ -132,15 +135,23 @@ impl JournalWriter {
         sync_dir(&self.dir)
     }
 
-    /// Continues an existing segment whose records end at `len` (what follows, if anything,
-    /// is zeros: recovery cuts anything else off).
-    pub fn reopen(dir: &Path, path: &Path, len: u64, faults: Arc<DiskFaults>) -> io::Result<Self> {
-        let mut file = OpenOptions::new().write(true).open(path)?;
+    /// Continues an existing segment, whose first record is `first_seq` and whose records
+    /// end at `len` (what follows, if anything, is zeros: recovery cuts anything else off).
+    pub fn reopen(
+        dir: &Path,
+        first_seq: u64,
+        len: u64,
+        faults: Arc<DiskFaults>,
+    ) -> io::Result<Self> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .open(segment_path(dir, first_seq))?;
         let allocated = file.metadata()?.len().max(len);
         file.seek(SeekFrom::Start(len))?;
         Ok(JournalWriter {
             dir: dir.to_path_buf(),
             file,
+            first_seq,
             segment_len: len,
             allocated,
             faults,
@@ -208,6 +219,12 @@ impl JournalWriter {
 
     pub fn segment_len(&self) -> u64 {
         self.segment_len
+    }
+
+    /// The sequence number of this segment's first record (the one after the snapshot that
+    /// started it).
+    pub fn first_seq(&self) -> u64 {
+        self.first_seq
     }
 
     /// Closes this segment and starts the next one at `next_seq`.

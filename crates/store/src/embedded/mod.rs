@@ -35,6 +35,10 @@ use waiters::Waiters;
 /// see [`EmbeddedConfig::snapshot_after_bytes`]).
 pub const DEFAULT_SNAPSHOT_AFTER_BYTES: u64 = 256 << 20;
 
+/// Journal records after which a snapshot is taken (at least; see
+/// [`EmbeddedConfig::snapshot_after_records`]).
+pub const DEFAULT_SNAPSHOT_AFTER_RECORDS: u64 = 50_000;
+
 /// When a reply may be sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
@@ -62,6 +66,11 @@ pub struct EmbeddedConfig {
     /// MiB of journal (the snapshots never write more than the journal did), and a restart
     /// replays at most about one snapshot's worth of journal.
     pub snapshot_after_bytes: u64,
+    /// A snapshot is also taken once the journal since the last one holds this many records
+    /// (and at least that snapshot's bytes): what a restart after a crash replays is
+    /// records, each applied in turn, so this bounds its time where a byte count cannot
+    /// (records of a few hundred bytes fill 256 MiB with hundreds of thousands).
+    pub snapshot_after_records: u64,
     pub clock: Arc<dyn Clock>,
     /// How long audit entries are kept in the history store.
     pub retention: Retention,
@@ -79,6 +88,7 @@ impl EmbeddedConfig {
             data_dir: data_dir.into(),
             durability,
             snapshot_after_bytes: DEFAULT_SNAPSHOT_AFTER_BYTES,
+            snapshot_after_records: DEFAULT_SNAPSHOT_AFTER_RECORDS,
             clock,
             retention: Retention::default(),
             faults: Arc::default(),
@@ -126,6 +136,7 @@ impl EmbeddedStore {
                     spare: Vec::new(),
                     dir: config.data_dir,
                     snapshot_after_bytes: config.snapshot_after_bytes,
+                    snapshot_after_records: config.snapshot_after_records,
                     last_snapshot_len,
                     snapshot: None,
                 };
@@ -318,10 +329,10 @@ fn open_durable(
     };
     let next_seq = recovered.last_seq + 1;
     let journal = match &recovered.tail_segment {
-        Some((path, len)) if *len >= HEADER_LEN => {
-            JournalWriter::reopen(dir, path, *len, config.faults.clone())?
+        Some((first, _, len)) if *len >= HEADER_LEN => {
+            JournalWriter::reopen(dir, *first, *len, config.faults.clone())?
         }
-        Some((path, _)) => {
+        Some((_, path, _)) => {
             fs::remove_file(path)?;
             JournalWriter::create(dir, next_seq, config.faults.clone())?
         }

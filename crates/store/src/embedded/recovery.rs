@@ -27,8 +27,9 @@ pub struct Recovered {
     pub records_replayed: u64,
     /// Bytes cut from a torn or corrupt journal tail (and segments dropped after it).
     pub truncated_bytes: u64,
-    /// The segment to keep appending to, with its valid length.
-    pub tail_segment: Option<(PathBuf, u64)>,
+    /// The segment to keep appending to: the sequence number of its first record, its path
+    /// and its valid length.
+    pub tail_segment: Option<(u64, PathBuf, u64)>,
 }
 
 /// Recovers the state from `dir`. With `repair`, a torn tail is truncated on disk; without
@@ -86,7 +87,7 @@ fn recover_bounded(
     // Records up to the snapshot that the history store holds too are not needed again.
     let from = last_seq.min(history_held).saturating_add(1);
     let segments = list_segments(dir)?;
-    for (i, (_, path)) in segments.iter().enumerate() {
+    for (i, (first, path)) in segments.iter().enumerate() {
         let next_first = segments.get(i + 1).map(|(first, _)| *first);
         if next_first.is_some_and(|next| next <= from) {
             // Every record of this segment comes before `from` (a segment kept for the
@@ -129,7 +130,7 @@ fn recover_bounded(
         }
         if last_seq == last {
             // Bounded, and the bound is reached: what follows is not read.
-            tail_segment = Some((path.clone(), end.valid_len));
+            tail_segment = Some((*first, path.clone(), end.valid_len));
             break;
         }
         let torn = !end.clean;
@@ -149,7 +150,7 @@ fn recover_bounded(
                 truncate_segment(path, end.valid_len)?;
             }
         }
-        tail_segment = Some((path.clone(), end.valid_len));
+        tail_segment = Some((*first, path.clone(), end.valid_len));
     }
     Ok(Recovered {
         state,

@@ -390,7 +390,11 @@ impl Harness {
     }
 
     fn open(&self, snapshot_after_bytes: Option<u64>) -> EmbeddedStore {
-        open_store(self.path(), self.clock.clone(), snapshot_after_bytes)
+        open_store(self.path(), self.clock.clone(), |config| {
+            if let Some(bytes) = snapshot_after_bytes {
+                config.snapshot_after_bytes = bytes;
+            }
+        })
     }
 
     /// Sends each command to the store and to the model; every reply must match the
@@ -412,11 +416,13 @@ impl Harness {
     }
 }
 
-fn open_store(dir: &Path, clock: Arc<ManualClock>, snapshot_after: Option<u64>) -> EmbeddedStore {
+fn open_store(
+    dir: &Path,
+    clock: Arc<ManualClock>,
+    configure: impl FnOnce(&mut EmbeddedConfig),
+) -> EmbeddedStore {
     let mut config = EmbeddedConfig::new(dir, Durability::Strict, clock);
-    if let Some(bytes) = snapshot_after {
-        config.snapshot_after_bytes = bytes;
-    }
+    configure(&mut config);
     EmbeddedStore::open(config).expect("open store").0
 }
 
@@ -686,7 +692,7 @@ async fn reopen_after_cut(src: &Path, history: &[SnapshotData], cut: usize, k: u
     let applied = extra.clone().apply(&mut expected, clock.now_ms());
     assert!(applied.result.is_ok() && !applied.effects.is_empty());
 
-    let store = open_store(work.path(), clock.clone(), None);
+    let store = open_store(work.path(), clock.clone(), |_| {});
     let answered = extra.execute(&store, Load::Alone).await;
     assert_eq!(answered, applied.result, "cut at {cut}");
     // A crash right after the acknowledgement: no shutdown, so no final snapshot.
@@ -1001,6 +1007,36 @@ async fn snapshots_wait_for_as_much_journal_as_the_last_snapshot() {
     );
 }
 
+/// A count of records starts a snapshot too, however far the journal is from the byte
+/// threshold: what a restart after a crash replays is records, so their count bounds it.
+#[tokio::test]
+async fn a_count_of_records_starts_a_snapshot_before_the_bytes_do() {
+    const RECORDS: u64 = 12;
+    let mut h = Harness::new();
+    let store = open_store(h.path(), h.clock.clone(), |config| {
+        config.snapshot_after_records = RECORDS;
+    });
+    h.drive(&store, workload(0, OPS)).await;
+    drop(store);
+    await_quiet(h.path());
+    let taken: Vec<u64> = snapshots(h.path()).iter().map(|(s, _)| *s).collect();
+    assert!(!taken.is_empty(), "no snapshot after {OPS} commands");
+    // Each snapshot waited for the count (and for the journal to outgrow the one before).
+    let mut previous = 0;
+    for seq in &taken {
+        assert!(seq - previous >= RECORDS, "snapshots at {taken:?}");
+        previous = *seq;
+    }
+    let records = h.model.history.len() - 1;
+    let recovered = recover(h.path(), false).expect("recover");
+    assert_eq!(recovered.snapshot_seq, taken.last().copied());
+    assert!(
+        recovered.records_replayed < records as u64,
+        "recovery replayed all {records} records"
+    );
+    assert_prefix("records threshold", &recovered, &h.model.history, records);
+}
+
 /// The round whose records take the journal past the threshold starts the snapshot: a store
 /// that then goes quiet is not left waiting for some later write to start it.
 #[tokio::test]
@@ -1094,7 +1130,9 @@ async fn alone_and_busy_requests_interleave_without_losing_an_acknowledgement() 
     const EACH: usize = 40;
     let dir = TempDir::new().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0));
-    let store = Arc::new(open_store(dir.path(), clock.clone(), Some(64 << 10)));
+    let store = Arc::new(open_store(dir.path(), clock.clone(), |c| {
+        c.snapshot_after_bytes = 64 << 10
+    }));
     let counter = |store: &EmbeddedStore, name: &str| {
         let metrics = store.metrics();
         metrics.iter().find(|m| m.name == name).expect(name).value
@@ -1173,7 +1211,7 @@ async fn archived_reservations_outlive_a_restart_until_their_retention_ends() {
         count.await.expect("history")
     }
     // Snapshots after every record: the restart loads one written after the archive.
-    let store = open_store(dir.path(), clock.clone(), Some(1));
+    let store = open_store(dir.path(), clock.clone(), |c| c.snapshot_after_bytes = 1);
     for command in provisioning() {
         assert!(command.execute(&store, Load::Busy).await.is_ok());
     }
@@ -1198,7 +1236,7 @@ async fn archived_reservations_outlive_a_restart_until_their_retention_ends() {
     store.shutdown().await;
     drop(store);
 
-    let store = open_store(dir.path(), clock.clone(), None);
+    let store = open_store(dir.path(), clock.clone(), |_| {});
     assert_eq!(archived(&store).await, 1);
     let state = recover(dir.path(), false).expect("recover").state;
     assert_eq!(state.reservation_count(), 0);
