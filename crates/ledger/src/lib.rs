@@ -58,8 +58,8 @@ pub use scope::{
     derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
 };
 pub use state::{
-    Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, SnapshotV3, State, Violation,
-    TERMINAL_RETENTION_MS,
+    Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4, State,
+    Violation, TERMINAL_RETENTION_MS,
 };
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
 pub use time::{format_rfc3339, parse_rfc3339};

@@ -198,9 +198,52 @@ pub struct SnapshotData {
     pub last_delivery: u64,
     // Since format 3 (see [`SnapshotV2`]).
     pub rate_counts: Vec<(RateKey, RateCount)>,
-    // Since format 4 (see [`SnapshotV3`]): archived reserves' key digests by day.
-    #[serde(deserialize_with = "crate::archive::deserialize_days")]
+    // Since format 4 (see [`SnapshotV3`]): archived reserves' key digests by day, sorted;
+    // since format 5 (see [`SnapshotV4`]) 4 bytes each, stored as differences.
+    #[serde(
+        serialize_with = "crate::archive::serialize_days",
+        deserialize_with = "crate::archive::deserialize_days"
+    )]
+    pub archived_keys: Vec<(Millis, Vec<u32>)>,
+}
+
+/// The persistent state as format 4 wrote it, with 8-byte digests of archived reserves'
+/// keys: read from older snapshots (the digests' first 4 bytes are today's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotV4 {
+    pub tenants: Vec<Tenant>,
+    pub api_keys: Vec<ApiKey>,
+    pub budgets: Vec<Budget>,
+    pub policies: Vec<Policy>,
+    pub reservations: Vec<Reservation>,
+    pub idempotency: Vec<(IdemKey, IdemRecord)>,
+    pub webhooks: Vec<WebhookSubscription>,
+    pub webhook_security: Option<WebhookSecurity>,
+    pub deliveries: Vec<Delivery>,
+    pub last_event: u64,
+    pub last_delivery: u64,
+    pub rate_counts: Vec<(RateKey, RateCount)>,
     pub archived_keys: Vec<(Millis, Vec<u64>)>,
+}
+
+impl From<SnapshotV4> for SnapshotData {
+    fn from(v4: SnapshotV4) -> Self {
+        SnapshotData {
+            tenants: v4.tenants,
+            api_keys: v4.api_keys,
+            budgets: v4.budgets,
+            policies: v4.policies,
+            reservations: v4.reservations,
+            idempotency: v4.idempotency,
+            webhooks: v4.webhooks,
+            webhook_security: v4.webhook_security,
+            deliveries: v4.deliveries,
+            last_event: v4.last_event,
+            last_delivery: v4.last_delivery,
+            rate_counts: v4.rate_counts,
+            archived_keys: crate::archive::from_v4_days(v4.archived_keys),
+        }
+    }
 }
 
 /// The persistent state as format 3 wrote it, before settled reservations were archived:
@@ -369,7 +412,10 @@ impl Serialize for SnapshotSource {
             "rate_counts",
             &Seq(self.rate_counts.len(), || self.rate_counts.iter()),
         )?;
-        s.serialize_field("archived_keys", &self.archived_keys.days())?;
+        s.serialize_field(
+            "archived_keys",
+            &crate::archive::SnapshotDays(&self.archived_keys.days()),
+        )?;
         s.end()
     }
 }

@@ -499,7 +499,7 @@ impl Store for EmbeddedStore {
             metric(
                 "cycles_archived_reserve_keys",
                 "Digests of archived reservations' reserve keys kept in memory while their \
-                 replay windows last (8 bytes each).",
+                 replay windows last (4 bytes each).",
                 false,
                 archived_keys as u64,
             ),

@@ -5,9 +5,11 @@
 //! (u64 LE), CRC32C of the payload (u32 LE), payload (postcard-encoded [`SnapshotData`]).
 //!
 //! Version 2 added the webhook state at the end of the payload, version 3 the policies'
-//! rate counts after it, version 4 the digests of archived reserves' keys after those;
-//! older snapshots are still read (as [`SnapshotV1`], with no webhooks, [`SnapshotV2`], with
-//! no rate counts, and [`SnapshotV3`], with no archived keys: nothing had been archived).
+//! rate counts after it, version 4 the digests of archived reserves' keys after those,
+//! version 5 those digests in 4 bytes, stored as differences; older snapshots are still
+//! read (as [`SnapshotV1`], with no webhooks, [`SnapshotV2`], with no rate counts,
+//! [`SnapshotV3`], with no archived keys: nothing had been archived, and [`SnapshotV4`],
+//! whose 8-byte digests begin with today's).
 //! The journal's format is unchanged: new effects were appended to the enum, so old records
 //! decode as they were.
 
@@ -15,13 +17,15 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use ledger::{SnapshotData, SnapshotV1, SnapshotV2, SnapshotV3};
+use ledger::{SnapshotData, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4};
 use serde::Serialize;
 
 use super::files::{list_segments, list_snapshots, private_file, snapshot_path, sync_dir};
 
 /// The snapshot format written.
-const SNAPSHOT_VERSION: u32 = 4;
+const SNAPSHOT_VERSION: u32 = 5;
+/// The snapshot format with 8-byte digests of archived reserves' keys, still read.
+const SNAPSHOT_VERSION_4: u32 = 4;
 /// The snapshot format before archived reservations, still read.
 const SNAPSHOT_VERSION_3: u32 = 3;
 /// The snapshot format before rate counts, still read.
@@ -133,6 +137,9 @@ pub fn parse_snapshot(bytes: &[u8]) -> Option<(u64, SnapshotData)> {
     }
     let data = match version {
         SNAPSHOT_VERSION => postcard::from_bytes(payload).ok(),
+        SNAPSHOT_VERSION_4 => postcard::from_bytes::<SnapshotV4>(payload)
+            .ok()
+            .map(SnapshotData::from),
         SNAPSHOT_VERSION_3 => postcard::from_bytes::<SnapshotV3>(payload)
             .ok()
             .map(SnapshotData::from),
@@ -321,6 +328,28 @@ mod tests {
         assert!(data.archived_keys.is_empty());
         assert_eq!(data, SnapshotData::from(v3));
         // The current format's payload is longer: read as format 3, it is refused.
+        let (_dir, path) = framed(SNAPSHOT_VERSION, &payload);
+        assert!(read_snapshot(&path).expect("read").is_none());
+    }
+
+    /// A format-4 snapshot reads with the first 4 bytes of its 8-byte digests, which are
+    /// today's digests of the same keys: retries of reserves archived before an upgrade are
+    /// still told apart from fresh ones.
+    #[test]
+    fn a_format_4_snapshot_reads_its_digests_as_todays() {
+        // Format 4's digest of `acme`'s key `k`: the first 8 bytes of its SHA-256.
+        let v4 = SnapshotV4 {
+            last_event: 5,
+            archived_keys: vec![(19_700, vec![7, 0x8b7a_e2f4_82bc_2a7c])],
+            ..SnapshotV4::default()
+        };
+        let payload = postcard::to_allocvec(&v4).expect("encode");
+        let (_dir, path) = framed(SNAPSHOT_VERSION_4, &payload);
+        let (_, data) = read_snapshot(&path).expect("read").expect("a v4 snapshot");
+        assert_eq!(data.last_event, 5);
+        let today = ledger::reserve_key_digest("acme", "k");
+        assert_eq!(data.archived_keys, [(19_700, vec![0, today])]);
+        // The current format's payload differs: read as format 4, it is refused.
         let (_dir, path) = framed(SNAPSHOT_VERSION, &payload);
         assert!(read_snapshot(&path).expect("read").is_none());
     }

@@ -175,7 +175,7 @@ impl Shared {
             m("cycles_redis_log_version", "The last record of the ledger's log this instance has applied.", false, get(&self.version)),
             m("cycles_reservations", "Reservations in memory: the ACTIVE ones and those settled too recently to be archived yet.", false, get(&self.reservations)),
             m("cycles_reservations_archived", "Settled reservations archived in the history store (on disk, not in memory).", false, self.projector.history().archived_count()),
-            m("cycles_archived_reserve_keys", "Digests of archived reservations' reserve keys kept in memory while their replay windows last (8 bytes each).", false, get(&self.archived_keys)),
+            m("cycles_archived_reserve_keys", "Digests of archived reservations' reserve keys kept in memory while their replay windows last (4 bytes each).", false, get(&self.archived_keys)),
             m("cycles_budgets", "Budget ledgers.", false, get(&self.budgets)),
             m("cycles_webhook_deliveries_due", "Webhook deliveries queued or waiting for a retry (in the state).", false, get(&self.deliveries_due)),
             m("cycles_events", "Events in the history store (on disk, not in memory).", false, self.projector.history().event_count()),
