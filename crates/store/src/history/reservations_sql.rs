@@ -7,8 +7,8 @@
 //! only the reads need one. Rows are inserted in the order reservations are archived, which
 //! is the order they settled (the sweep archives oldest first, and the ledger's clock never
 //! steps back): retention walks the rowid order from its start, no index by settlement
-//! time. Trimming rows ahead of the journal (a history restored from a later copy) is rare
-//! enough to scan.
+//! time, and trimming the rows ahead of the journal (a history restored from a later copy)
+//! walks it back from its end, no index by record.
 
 use ledger::{
     position, ArchiveLookup, Archived, IdemKey, IdemRecord, ListReservations, Millis, Reservation,
@@ -76,7 +76,9 @@ fn column(sort: SortBy) -> &'static str {
     }
 }
 
-/// Adds (or, replayed from the journal again, replaces) an archived reservation.
+/// Adds (or, replayed from the journal again, replaces) an archived reservation; answers
+/// whether it was new. A replaced row keeps its place (its rowid): rows stay in the order
+/// of the records that archived them, which [`TRIM_SQL`] relies on.
 pub fn insert(tx: &Transaction<'_>, record_seq: u64, a: &Archived) -> rusqlite::Result<bool> {
     let r = &a.reservation;
     let Some(settled_at) = r.settled_at_ms() else {
@@ -86,15 +88,8 @@ pub fn insert(tx: &Transaction<'_>, record_seq: u64, a: &Archived) -> rusqlite::
         Value::Integer(v) => v,
         _ => 0,
     };
-    let replaced = tx
-        .prepare_cached("DELETE FROM reservations WHERE id = ?1")?
-        .execute([&*r.reservation_id])?;
-    tx.prepare_cached(
-        "INSERT INTO reservations (id, record_seq, tenant_id, scope_path, status, estimate, \
-         created_at, expires_at, settled_at, idempotency_key, reservation, records) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-    )?
-    .execute(params![
+    let (reservation, records) = (encode(r)?, encode(&a.records)?);
+    let row = params![
         &*r.reservation_id,
         record_seq as i64,
         &*r.tenant_id,
@@ -105,10 +100,27 @@ pub fn insert(tx: &Transaction<'_>, record_seq: u64, a: &Archived) -> rusqlite::
         r.expires_at_ms,
         settled_at,
         &*r.idempotency_key,
-        encode(r)?,
-        encode(&a.records)?,
-    ])?;
-    Ok(replaced == 0)
+        reservation,
+        records,
+    ];
+    // Every column is non-null and nothing is checked but the id's uniqueness, so only an
+    // existing id makes the insert do nothing.
+    let inserted = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO reservations (id, record_seq, tenant_id, scope_path, status, \
+             estimate, created_at, expires_at, settled_at, idempotency_key, reservation, records) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        )?
+        .execute(row)?;
+    if inserted == 0 {
+        tx.prepare_cached(
+            "UPDATE reservations SET record_seq = ?2, tenant_id = ?3, scope_path = ?4, \
+             status = ?5, estimate = ?6, created_at = ?7, expires_at = ?8, settled_at = ?9, \
+             idempotency_key = ?10, reservation = ?11, records = ?12 WHERE id = ?1",
+        )?
+        .execute(row)?;
+    }
+    Ok(inserted == 1)
 }
 
 /// The archived reservation `lookup` names.
@@ -242,7 +254,12 @@ pub const EXPIRE_SQL: &str = "DELETE FROM reservations WHERE rowid IN (SELECT ro
      reservations WHERE rowid < coalesce((SELECT rowid FROM reservations WHERE settled_at >= ?1 \
      ORDER BY rowid LIMIT 1), 9223372036854775807) ORDER BY rowid LIMIT ?2)";
 
-/// Deletes the reservations archived by journal records after `?1`: the newest rows, so
-/// walked from the end.
+/// Deletes the reservations archived by journal records after `?1`, up to `?2` of them:
+/// the rows after the last one of a record up to `?1`. Rows are in the order of the records
+/// that archived them ([`insert`]), so those are exactly the ones to go, and finding them
+/// walks back from the end over them alone: a history restored a few records ahead of its
+/// journal is trimmed at once, however many rows it holds (a search by `record_seq` would
+/// read the whole table, minutes for ten million rows, or cost every insert an index).
 pub const TRIM_SQL: &str = "DELETE FROM reservations WHERE rowid IN (SELECT rowid FROM \
-     reservations WHERE record_seq > ?1 ORDER BY rowid DESC LIMIT ?2)";
+     reservations WHERE rowid > coalesce((SELECT rowid FROM reservations WHERE record_seq <= ?1 \
+     ORDER BY rowid DESC LIMIT 1), 0) ORDER BY rowid DESC LIMIT ?2)";

@@ -1266,3 +1266,99 @@ async fn archived_reservations_outlive_a_restart_until_their_retention_ends() {
     let gone = store.execute(get(), Load::Busy).await.unwrap().result;
     assert!(matches!(gone, Err(Rejection::NotFound(_))), "{gone:?}");
 }
+
+/// A history store restored from a copy taken after the journal's holds reservations
+/// archived by records the journal lacks: at start they go, and only they (the journal's
+/// state has them settled and still in memory, to be archived again).
+#[tokio::test]
+async fn archived_reservations_ahead_of_the_journal_are_trimmed_to_it() {
+    let dir = scratch_dir();
+    let clock = Arc::new(ManualClock::new(T0));
+    let get = |id: &str| GetReservation {
+        actor: Actor::ApiKey(DIGEST),
+        reservation_id: id.into(),
+    };
+    let archive_one = || {
+        Command::Maintain(Maintain {
+            limit: 1,
+            archive_after_ms: 0,
+        })
+    };
+    async fn archived(store: &EmbeddedStore) -> u64 {
+        let count = store.read_history(|h| Ok(h.archived_count()));
+        count.await.expect("history")
+    }
+    let store = open_store(dir.path(), clock.clone(), |_| {});
+    for command in provisioning() {
+        assert!(command.execute(&store, Load::Busy).await.is_ok());
+    }
+    for id in ["res-a", "res-b", "res-c"] {
+        assert!(reserve(id, 100).execute(&store, Load::Busy).await.is_ok());
+        let key = format!("c-{id}");
+        assert!(commit(id, &key, 40)
+            .execute(&store, Load::Busy)
+            .await
+            .is_ok());
+    }
+    clock.advance(STEP_MS);
+    // One archive record each, oldest first; the journal is copied after the first.
+    assert!(archive_one().execute(&store, Load::Busy).await.is_ok());
+    let journal = copy_dir(dir.path());
+    for _ in 0..2 {
+        assert!(archive_one().execute(&store, Load::Busy).await.is_ok());
+    }
+    let settled_b = store
+        .execute(get("res-b"), Load::Busy)
+        .await
+        .unwrap()
+        .result;
+    assert!(settled_b.is_ok(), "{settled_b:?}");
+    assert_eq!(archived(&store).await, 3);
+    store.shutdown().await;
+    drop(store);
+
+    // The journal and snapshots as they were after the first archive; the history as now.
+    for entry in fs::read_dir(dir.path()).expect("read dir") {
+        let path = entry.expect("dir entry").path();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        if name.starts_with("journal-") || name.starts_with("snapshot-") {
+            fs::remove_file(&path).expect("remove");
+        }
+    }
+    for entry in fs::read_dir(journal.path()).expect("read dir") {
+        let path = entry.expect("dir entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        if !name.to_string_lossy().starts_with("history.") {
+            fs::copy(&path, dir.path().join(name)).expect("copy");
+        }
+    }
+    let store = open_store(dir.path(), clock.clone(), |_| {});
+    assert_eq!(archived(&store).await, 1, "res-b and res-c were trimmed");
+    let state = recover(dir.path(), false).expect("recover").state;
+    assert_eq!(
+        state.reservation_count(),
+        2,
+        "res-b and res-c are in memory again"
+    );
+    for id in ["res-a", "res-b", "res-c"] {
+        let answer = store.execute(get(id), Load::Busy).await.unwrap().result;
+        assert!(answer.is_ok(), "{id}: {answer:?}");
+    }
+    assert_eq!(
+        store
+            .execute(get("res-b"), Load::Busy)
+            .await
+            .unwrap()
+            .result,
+        settled_b
+    );
+    // Archived again, each once.
+    for _ in 0..2 {
+        assert!(archive_one().execute(&store, Load::Busy).await.is_ok());
+    }
+    assert_eq!(archived(&store).await, 3);
+}
