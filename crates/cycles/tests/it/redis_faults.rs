@@ -622,6 +622,41 @@ impl Drop for SentinelProcess {
     }
 }
 
+/// A Sentinel that accepts connections and never answers, listed first, costs the server
+/// no more than its timeout: it finds the primary through the next Sentinel and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_that_never_answers_is_passed_over() {
+    if !redis_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let primary = RedisProcess::start(&dir.path().join("primary"), free_port());
+    let primary_port = primary.port.to_string();
+    let replica = RedisProcess::start_with(
+        &dir.path().join("replica"),
+        free_port(),
+        &["--replicaof", "127.0.0.1", primary_port.as_str()],
+    );
+    linked(&replica);
+    let sentinel = SentinelProcess::start(&dir.path().join("sentinel"), &primary);
+    // The kernel completes its connections into the backlog; nothing ever reads them.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let hung_port = hung.local_addr().expect("address").port();
+    let url = format!(
+        "redis://127.0.0.1:{hung_port},redis://127.0.0.1:{}",
+        sentinel.port
+    );
+    let mut serve = RedisServe::new(&url, false, NAMESPACE);
+    serve.durability = "aof";
+    serve.timeout_ms = "100";
+    serve.extra = vec!["--redis-sentinel-master", "cycles"];
+    let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
+    let key = provision_tenant(&server.base, 1_000_000).await;
+    let (s, r) = reserve(&client(), &server.base, &key, "past-the-hung-sentinel").await;
+    assert_eq!(s, 200, "{r}");
+    drop(hung);
+}
+
 /// A primary with two replicas, watched by a Sentinel; the server finds the primary
 /// through it and waits for one replica per write. The primary is killed under load: the
 /// Sentinel promotes a replica, the server answers 503 meanwhile and then writes to the new

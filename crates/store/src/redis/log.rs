@@ -58,18 +58,59 @@ impl Conn {
                 return Ok(Conn::Cluster(Box::new(client.get_connection()?)));
             }
             Topology::Single => redis::Client::open(url)?,
-            Topology::Sentinel(primary) => {
-                let nodes = nodes();
-                let first = redis::IntoConnectionInfo::into_connection_info(nodes[0])?;
-                let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(first.redis_settings().clone());
-                redis::sentinel::Sentinel::build(nodes)?.master_for(primary, Some(&node))?
-            }
+            Topology::Sentinel(primary) => return Self::primary(&nodes(), primary, timeout),
         };
-        let conn = client.get_connection_with_timeout(timeout)?;
-        conn.set_read_timeout(Some(timeout))?;
-        conn.set_write_timeout(Some(timeout))?;
-        Ok(Conn::Single(conn))
+        Ok(Conn::Single(timed(client, timeout)?))
+    }
+
+    /// Connects to the primary the Sentinels name `name`, asking each in turn until one
+    /// names a Redis that says it is primary (the Sentinel clients' protocol), every
+    /// connection and command bounded by `timeout`: a Sentinel that hangs costs that much
+    /// and the next is asked. (redis-rs's own Sentinel client connects without a timeout.)
+    fn primary(sentinels: &[&str], name: &str, timeout: Duration) -> redis::RedisResult<Conn> {
+        let mut last = None;
+        for sentinel in sentinels {
+            let info = redis::IntoConnectionInfo::into_connection_info(*sentinel)?;
+            let named = timed(redis::Client::open(info.clone())?, timeout).and_then(|mut c| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(name)
+                    .query::<Option<(String, u16)>>(&mut c)
+            });
+            let (host, port) = match named {
+                Ok(Some(address)) => address,
+                Ok(None) => {
+                    last = Some(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "a Sentinel does not know the primary",
+                        format!("{sentinel} has no primary named {name}"),
+                    )));
+                    continue;
+                }
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            let primary = info.set_addr(redis::ConnectionAddr::Tcp(host, port));
+            let checked = timed(redis::Client::open(primary)?, timeout).and_then(|mut c| {
+                let role: Vec<Value> = redis::cmd("ROLE").query(&mut c)?;
+                match role.first() {
+                    Some(Value::BulkString(role)) if role.as_slice() == b"master" => Ok(c),
+                    _ => Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the Redis a Sentinel named is not primary (yet)",
+                    ))),
+                }
+            });
+            match checked {
+                Ok(conn) => return Ok(Conn::Single(conn)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Client, "no Sentinel given"))
+        }))
     }
 
     pub fn link(&mut self) -> &mut dyn ConnectionLike {
@@ -78,6 +119,14 @@ impl Conn {
             Conn::Cluster(c) => &mut **c,
         }
     }
+}
+
+/// A connection to `client` whose connect, reads and writes are each bounded by `timeout`.
+fn timed(client: redis::Client, timeout: Duration) -> redis::RedisResult<redis::Connection> {
+    let conn = client.get_connection_with_timeout(timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    Ok(conn)
 }
 
 /// A connection made when first needed, and made again after one fails.
