@@ -93,7 +93,7 @@ struct DaySet {
 impl DaySet {
     fn contains(&self, digest: u32) -> bool {
         self.added
-            .find(u64::from(digest), |d| *d == digest)
+            .find(table_hash(digest), |d| *d == digest)
             .is_some()
             || self.loaded.contains(digest)
     }
@@ -122,6 +122,14 @@ impl DaySet {
         all.extend_from_slice(&added[j..]);
         all
     }
+}
+
+/// A digest's hash in a [`DaySet`]'s table: its bits spread over all 64 (a multiply by an
+/// odd constant). The table picks a slot by the hash's low bits and tags it with its top 7:
+/// a 4-byte digest as it is would tag every slot alike, and each lookup would compare every
+/// key it probes.
+fn table_hash(digest: u32) -> u64 {
+    u64::from(digest).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Sorted digests with a directory of where each run of equal leading bits starts: the
@@ -201,7 +209,7 @@ impl ArchivedKeys {
         if !set.contains(digest) {
             Arc::make_mut(set)
                 .added
-                .insert_unique(u64::from(digest), digest, |d| u64::from(*d));
+                .insert_unique(table_hash(digest), digest, |d| table_hash(*d));
         }
     }
 
