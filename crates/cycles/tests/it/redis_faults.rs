@@ -188,6 +188,15 @@ struct Rig {
 }
 
 /// Waits until a replica has synced with its primary.
+/// A replica of `primary` in `dir`, on a free port, once it has synced.
+fn start_replica(dir: &Path, primary: &RedisProcess) -> RedisProcess {
+    let primary_port = primary.port.to_string();
+    let replica_of = ["--replicaof", "127.0.0.1", primary_port.as_str()];
+    let replica = RedisProcess::start_with(dir, free_port(), &replica_of);
+    linked(&replica);
+    replica
+}
+
 fn linked(replica: &RedisProcess) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !replica
@@ -516,11 +525,7 @@ async fn writes_wait_for_the_replicas_asked_for() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let primary = RedisProcess::start(&dir.path().join("primary"), free_port());
-    let primary_port = primary.port.to_string();
-    let replica_of = ["--replicaof", "127.0.0.1", primary_port.as_str()];
-    let mut replica =
-        RedisProcess::start_with(&dir.path().join("replica"), free_port(), &replica_of);
-    linked(&replica);
+    let mut replica = start_replica(&dir.path().join("replica"), &primary);
     let url = primary.url();
     let mut serve = RedisServe::new(&url, false, NAMESPACE);
     serve.durability = "aof";
@@ -631,13 +636,7 @@ async fn a_sentinel_that_never_answers_is_passed_over() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let primary = RedisProcess::start(&dir.path().join("primary"), free_port());
-    let primary_port = primary.port.to_string();
-    let replica = RedisProcess::start_with(
-        &dir.path().join("replica"),
-        free_port(),
-        &["--replicaof", "127.0.0.1", primary_port.as_str()],
-    );
-    linked(&replica);
+    let _replica = start_replica(&dir.path().join("replica"), &primary);
     let sentinel = SentinelProcess::start(&dir.path().join("sentinel"), &primary);
     // The kernel completes its connections into the backlog; nothing ever reads them.
     let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -668,13 +667,10 @@ async fn a_failover_under_load_loses_nothing_acknowledged() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let mut primary = RedisProcess::start(&dir.path().join("primary"), free_port());
-    let primary_port = primary.port.to_string();
-    let replica_of = ["--replicaof", "127.0.0.1", primary_port.as_str()];
     let replicas: Vec<RedisProcess> = ["replica-a", "replica-b"]
         .iter()
-        .map(|name| RedisProcess::start_with(&dir.path().join(name), free_port(), &replica_of))
+        .map(|name| start_replica(&dir.path().join(name), &primary))
         .collect();
-    replicas.iter().for_each(linked);
     let sentinel = SentinelProcess::start(&dir.path().join("sentinel"), &primary);
     let url = format!("redis://127.0.0.1:{}", sentinel.port);
     let mut serve = RedisServe::new(&url, false, NAMESPACE);
