@@ -43,8 +43,18 @@ impl Archived {
 pub enum ArchiveLookup {
     /// The reservation with this id (not in the state).
     Reservation(String),
-    /// The reservation a reserve of `tenant` with idempotency `key` created.
-    CreatedBy { tenant: Arc<str>, key: Arc<str> },
+    /// The reservation a reserve of `tenant` with idempotency `key` created: the newest
+    /// archived with that key. `created_at` lists when each archived reservation whose key
+    /// shares the key's digest was created (the history store finds a row by its tenant and
+    /// creation time, through an index it has anyway); `any_time`, that one of them was
+    /// archived before its time was kept (a digest read from a format-4 or -5 snapshot),
+    /// and is found by its key alone.
+    CreatedBy {
+        tenant: Arc<str>,
+        key: Arc<str>,
+        created_at: Vec<Millis>,
+        any_time: bool,
+    },
 }
 
 /// What the store found for an [`ArchiveLookup`] (`None`: nothing archived).
@@ -73,53 +83,108 @@ pub fn reserve_key_digest(tenant: &str, key: &str) -> u32 {
     )
 }
 
-/// The digests of archived reserves' keys whose replay window has not ended, by the day it
-/// ends: a day's set is dropped whole once the day is over (no per-key expiry to index).
-/// Each day's set is shared with snapshots taken meanwhile (copied on its next write), so
-/// taking one under the ledger lock copies pointers, not millions of digests.
+/// An archived reserve's key as the sets hold it: its digest, and when the reservation it
+/// created was created, as milliseconds before the end of its set's day ([`UNKNOWN_TIME`]:
+/// not known). The time is what lets the history store find the row without an index of
+/// keys: such an index takes a random page write per archived reservation, where the
+/// index by creation time is appended to in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ArchivedKey {
+    pub digest: u32,
+    pub before_day_end: u32,
+}
+
+/// An [`ArchivedKey`]'s time when it is not known: digests read from a format-4 or -5
+/// snapshot, or (never in practice: a reserve's record is kept a day or its TTL) a
+/// reservation created more than 49 days before its record's window ended.
+pub const UNKNOWN_TIME: u32 = u32::MAX;
+
+impl ArchivedKey {
+    /// The key of a reservation created at `created_at_ms` in the set of `day`.
+    fn new(day: Millis, digest: u32, created_at_ms: Millis) -> Self {
+        let before = day_end(day).saturating_sub(created_at_ms);
+        let before_day_end = u32::try_from(before)
+            .ok()
+            .filter(|b| *b != UNKNOWN_TIME)
+            .unwrap_or(UNKNOWN_TIME);
+        ArchivedKey {
+            digest,
+            before_day_end,
+        }
+    }
+
+    /// When its reservation was created, if known (it is in the set of `day`).
+    fn created_at(self, day: Millis) -> Option<Millis> {
+        (self.before_day_end != UNKNOWN_TIME)
+            .then(|| day_end(day) - Millis::from(self.before_day_end))
+    }
+}
+
+fn day_end(day: Millis) -> Millis {
+    day.saturating_add(1).saturating_mul(DAY_MS)
+}
+
+/// The archived keys of reserves whose replay window has not ended, by the day it ends: a
+/// day's set is dropped whole once the day is over (no per-key expiry to index). Each day's
+/// set is shared with snapshots taken meanwhile (copied on its next write), so taking one
+/// under the ledger lock copies pointers, not millions of keys.
 #[derive(Debug, Clone, Default)]
 pub struct ArchivedKeys {
     by_day: BTreeMap<Millis, Arc<DaySet>>,
 }
 
-/// One day's digests: those a snapshot brought, sorted ([`SortedDigests`]: loaded as they
-/// are read, with no table to build), and those archived since, in a hash table.
+/// One day's keys: those a snapshot brought, sorted ([`SortedKeys`]: loaded as they are
+/// read, with no table to build), and those archived since, in a hash table by digest.
 #[derive(Debug, Clone, Default)]
 struct DaySet {
-    loaded: Arc<SortedDigests>,
-    added: HashTable<u32>,
+    loaded: Arc<SortedKeys>,
+    added: HashTable<ArchivedKey>,
 }
 
 impl DaySet {
     fn contains(&self, digest: u32) -> bool {
         self.added
-            .find(table_hash(digest), |d| *d == digest)
+            .find(table_hash(digest), |k| k.digest == digest)
             .is_some()
             || self.loaded.contains(digest)
+    }
+
+    fn holds(&self, key: ArchivedKey) -> bool {
+        self.added
+            .find(table_hash(key.digest), |k| *k == key)
+            .is_some()
+            || self.loaded.matching(key.digest).any(|k| k == key)
+    }
+
+    /// Every key with `digest` (there may be more than one: a digest is 4 bytes).
+    fn matching(&self, digest: u32) -> impl Iterator<Item = ArchivedKey> + '_ {
+        let added = self
+            .added
+            .iter_hash(table_hash(digest))
+            .filter(move |k| k.digest == digest)
+            .copied();
+        added.chain(self.loaded.matching(digest))
     }
 
     fn len(&self) -> usize {
         self.loaded.digests.len() + self.added.len()
     }
 
-    /// Every digest, sorted.
-    fn sorted(&self) -> Vec<u32> {
-        let mut added: Vec<u32> = self.added.iter().copied().collect();
+    /// Every key, sorted.
+    fn sorted(&self) -> Vec<ArchivedKey> {
+        let mut added: Vec<ArchivedKey> = self.added.iter().copied().collect();
         added.sort_unstable();
-        let loaded = &self.loaded.digests;
-        let mut all = Vec::with_capacity(loaded.len() + added.len());
-        let (mut i, mut j) = (0, 0);
-        while i < loaded.len() && j < added.len() {
-            if loaded[i] <= added[j] {
-                all.push(loaded[i]);
-                i += 1;
-            } else {
-                all.push(added[j]);
-                j += 1;
+        let loaded = &self.loaded;
+        let mut all = Vec::with_capacity(loaded.digests.len() + added.len());
+        let mut added = added.into_iter().peekable();
+        for i in 0..loaded.digests.len() {
+            let key = loaded.key(i);
+            while let Some(next) = added.next_if(|a| *a < key) {
+                all.push(next);
             }
+            all.push(key);
         }
-        all.extend_from_slice(&loaded[i..]);
-        all.extend_from_slice(&added[j..]);
+        all.extend(added);
         all
     }
 }
@@ -132,14 +197,17 @@ fn table_hash(digest: u32) -> u64 {
     u64::from(digest).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Sorted digests with a directory of where each run of equal leading bits starts: the
-/// digests are uniformly spread (they are SHA-256 prefixes), so a run holds about
-/// [`DIGESTS_PER_RUN`] of them, and a lookup is a read of the directory and a search of one
-/// short run (two cache misses), where a binary search of millions costs twenty. Building
-/// it is one pass: a restart with millions of digests reads them and is done.
+/// Keys sorted by digest (then time), as two vectors, with a directory of where each run of
+/// equal leading bits starts: the digests are uniformly spread (they are SHA-256 prefixes),
+/// so a run holds about [`DIGESTS_PER_RUN`] of them, and a lookup is a read of the
+/// directory and a search of one short run (two cache misses), where a binary search of
+/// millions costs twenty. Building it is one pass: a restart with millions of keys reads
+/// them and is done.
 #[derive(Debug, Clone, Default)]
-struct SortedDigests {
+struct SortedKeys {
     digests: Vec<u32>,
+    /// Each key's [`ArchivedKey::before_day_end`], beside its digest.
+    times: Vec<u32>,
     /// Digests are grouped by their leading `32 - shift` bits.
     shift: u32,
     /// Where each group starts in `digests`, with the end after the last.
@@ -149,13 +217,15 @@ struct SortedDigests {
 /// About how many digests share a directory entry.
 const DIGESTS_PER_RUN: usize = 16;
 
-impl SortedDigests {
-    fn new(mut digests: Vec<u32>) -> Self {
-        if !digests.is_sorted() {
-            digests.sort_unstable();
+impl SortedKeys {
+    fn new(mut keys: Vec<ArchivedKey>) -> Self {
+        if !keys.is_sorted() {
+            keys.sort_unstable();
         }
-        digests.dedup();
-        digests.shrink_to_fit();
+        keys.dedup();
+        let digests: Vec<u32> = keys.iter().map(|k| k.digest).collect();
+        let times: Vec<u32> = keys.iter().map(|k| k.before_day_end).collect();
+        drop(keys);
         let bits = (digests.len() / DIGESTS_PER_RUN)
             .checked_ilog2()
             .unwrap_or(0)
@@ -171,8 +241,9 @@ impl SortedDigests {
             starts.push(at as u32);
         }
         starts.push(digests.len() as u32);
-        SortedDigests {
+        SortedKeys {
             digests,
+            times,
             shift,
             starts,
         }
@@ -182,14 +253,31 @@ impl SortedDigests {
         digest.checked_shr(shift).unwrap_or(0)
     }
 
-    fn contains(&self, digest: u32) -> bool {
-        let group = Self::group(digest, self.shift) as usize;
-        match (self.starts.get(group), self.starts.get(group + 1)) {
-            (Some(&from), Some(&to)) => self.digests[from as usize..to as usize]
-                .binary_search(&digest)
-                .is_ok(),
-            _ => false,
+    fn key(&self, i: usize) -> ArchivedKey {
+        ArchivedKey {
+            digest: self.digests[i],
+            before_day_end: self.times[i],
         }
+    }
+
+    /// Where the keys with `digest` are.
+    fn range(&self, digest: u32) -> std::ops::Range<usize> {
+        let group = Self::group(digest, self.shift) as usize;
+        let (Some(&from), Some(&to)) = (self.starts.get(group), self.starts.get(group + 1)) else {
+            return 0..0;
+        };
+        let run = &self.digests[from as usize..to as usize];
+        let first = run.partition_point(|d| *d < digest);
+        let end = run.partition_point(|d| *d <= digest);
+        from as usize + first..from as usize + end
+    }
+
+    fn contains(&self, digest: u32) -> bool {
+        !self.range(digest).is_empty()
+    }
+
+    fn matching(&self, digest: u32) -> impl Iterator<Item = ArchivedKey> + '_ {
+        self.range(digest).map(|i| self.key(i))
     }
 }
 
@@ -201,24 +289,58 @@ impl PartialEq for ArchivedKeys {
 
 impl Eq for ArchivedKeys {}
 
+/// When archived reserves that may have used a key created their reservations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct KeyTimes {
+    pub created_at: Vec<Millis>,
+    /// One of them was archived before times were kept.
+    pub any_time: bool,
+}
+
 impl ArchivedKeys {
-    /// Remembers `digest` until the day its record's window ends (`expires_at_ms`) is over.
-    pub(crate) fn insert(&mut self, expires_at_ms: Millis, digest: u32) {
+    /// Remembers the reserve key with `digest`, whose reservation was created at
+    /// `created_at_ms`, until the day its record's window ends (`expires_at_ms`) is over.
+    pub(crate) fn insert(&mut self, expires_at_ms: Millis, digest: u32, created_at_ms: Millis) {
         let day = expires_at_ms.div_euclid(DAY_MS);
+        let key = ArchivedKey::new(day, digest, created_at_ms);
         let set = self.by_day.entry(day).or_default();
-        if !set.contains(digest) {
+        if !set.holds(key) {
             Arc::make_mut(set)
                 .added
-                .insert_unique(table_hash(digest), digest, |d| table_hash(*d));
+                .insert_unique(table_hash(digest), key, |k| table_hash(k.digest));
         }
     }
 
-    /// Whether an archived reserve may have used the key with this digest in a window that
-    /// has not ended by `now` (false: it certainly did not).
-    pub(crate) fn may_hold(&self, now: Millis, digest: u32) -> bool {
-        self.by_day
+    /// When archived reserves that may have used the key with this digest, in a window not
+    /// over by `now`, created their reservations (`None`: none did, certainly).
+    pub(crate) fn times(&self, now: Millis, digest: u32) -> Option<KeyTimes> {
+        let mut days = self
+            .by_day
             .range(now.div_euclid(DAY_MS)..)
-            .any(|(_, set)| set.contains(digest))
+            .filter(|(_, set)| set.contains(digest))
+            .peekable();
+        days.peek()?;
+        let mut times = KeyTimes::default();
+        for (day, set) in days {
+            for key in set.matching(digest) {
+                match key.created_at(*day) {
+                    Some(at) => times.created_at.push(at),
+                    None => times.any_time = true,
+                }
+            }
+        }
+        times.created_at.sort_unstable_by(|a, b| b.cmp(a));
+        times.created_at.dedup();
+        Some(times)
+    }
+
+    /// Whether a key of unknown time is held (see [`UNKNOWN_TIME`]): while one is, its
+    /// reserve is found by its key alone, which needs the history store's index of keys.
+    pub fn any_unknown_time(&self) -> bool {
+        self.by_day.values().any(|set| {
+            set.added.iter().any(|k| k.before_day_end == UNKNOWN_TIME)
+                || set.loaded.times.contains(&UNKNOWN_TIME)
+        })
     }
 
     /// The first day whose set is over at `now` and can go, if any.
@@ -239,20 +361,20 @@ impl ArchivedKeys {
         self.by_day.values().map(|set| set.len()).sum()
     }
 
-    /// The sets as a snapshot stores them: days ascending, each day's digests sorted.
-    pub(crate) fn days(&self) -> Vec<(Millis, Vec<u32>)> {
+    /// The sets as a snapshot stores them: days ascending, each day's keys sorted.
+    pub(crate) fn days(&self) -> Vec<(Millis, Vec<ArchivedKey>)> {
         self.by_day
             .iter()
             .map(|(day, set)| (*day, set.sorted()))
             .collect()
     }
 
-    pub(crate) fn from_days(days: Vec<(Millis, Vec<u32>)>) -> Self {
+    pub(crate) fn from_days(days: Vec<(Millis, Vec<ArchivedKey>)>) -> Self {
         let by_day = days
             .into_iter()
-            .map(|(day, digests)| {
+            .map(|(day, keys)| {
                 let set = DaySet {
-                    loaded: Arc::new(SortedDigests::new(digests)),
+                    loaded: Arc::new(SortedKeys::new(keys)),
                     added: HashTable::new(),
                 };
                 (day, Arc::new(set))
@@ -262,36 +384,36 @@ impl ArchivedKeys {
     }
 }
 
-/// Digests a snapshot's size hint is trusted for at most: a longer list (or a damaged
-/// length) grows as it is read.
-const PREALLOCATED_DIGESTS: usize = 1 << 24;
+/// Keys a snapshot's size hint is trusted for at most: a longer list (or a damaged length)
+/// grows as it is read.
+const PREALLOCATED_KEYS: usize = 1 << 24;
 
-/// Days of sorted digests as a snapshot stores them (format 5): each digest as its
-/// difference from the one before, so the encoding's variable-length integers take about two
-/// bytes per digest at ten million a day, against four raw or about nine in format 4.
-pub(crate) struct SnapshotDays<'a>(pub(crate) &'a [(Millis, Vec<u32>)]);
+/// Days of sorted keys as a snapshot stores them (format 6): each digest as its difference
+/// from the one before, so the encoding's variable-length integers take about two bytes per
+/// digest at ten million a day, then its time (four bytes: a day and more of milliseconds).
+pub(crate) struct SnapshotDays<'a>(pub(crate) &'a [(Millis, Vec<ArchivedKey>)]);
 
 impl Serialize for SnapshotDays<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
-        for (day, digests) in self.0 {
-            seq.serialize_element(&(day, Deltas(digests)))?;
+        for (day, keys) in self.0 {
+            seq.serialize_element(&(day, Deltas(keys)))?;
         }
         seq.end()
     }
 }
 
-struct Deltas<'a>(&'a [u32]);
+struct Deltas<'a>(&'a [ArchivedKey]);
 
 impl Serialize for Deltas<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
         let mut previous = 0u32;
-        for &digest in self.0 {
-            seq.serialize_element(&digest.wrapping_sub(previous))?;
-            previous = digest;
+        for key in self.0 {
+            seq.serialize_element(&(key.digest.wrapping_sub(previous), key.before_day_end))?;
+            previous = key.digest;
         }
         seq.end()
     }
@@ -299,58 +421,117 @@ impl Serialize for Deltas<'_> {
 
 /// `serialize_with` for [`crate::SnapshotData`]: [`SnapshotDays`].
 pub(crate) fn serialize_days<S: serde::Serializer>(
-    days: &[(Millis, Vec<u32>)],
+    days: &[(Millis, Vec<ArchivedKey>)],
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     SnapshotDays(days).serialize(serializer)
 }
 
-/// Reads a snapshot's digests by day ([`SnapshotDays`]) into vectors sized as the snapshot
-/// says (serde's own `Vec` reading caps what it reserves and then doubles, which for ten
-/// million digests copied them over and over and left the process holding twice their
-/// size). Whatever the bytes, this never panics: damage reads as digests that are merely
-/// wrong (a snapshot's checksum refuses damage before this).
-pub(crate) fn deserialize_days<'de, D>(deserializer: D) -> Result<Vec<(Millis, Vec<u32>)>, D::Error>
+/// Reads a sequence of differences (`T`: a digest's, or a digest's and its time) into a
+/// vector sized as the snapshot says (serde's own `Vec` reading caps what it reserves and
+/// then doubles, which for ten million keys copied them over and over and left the process
+/// holding twice their size). Whatever the bytes, this never panics: damage reads as keys
+/// that are merely wrong (a snapshot's checksum refuses damage before this).
+struct Undelta<T>(Vec<ArchivedKey>, std::marker::PhantomData<T>);
+
+/// One element of a stored day: a digest's difference from the one before, with its time
+/// where the format has one.
+trait StoredKey: for<'de> Deserialize<'de> {
+    fn key(self, previous: u32) -> ArchivedKey;
+}
+
+impl StoredKey for u32 {
+    fn key(self, previous: u32) -> ArchivedKey {
+        ArchivedKey {
+            digest: previous.wrapping_add(self),
+            before_day_end: UNKNOWN_TIME,
+        }
+    }
+}
+
+impl StoredKey for (u32, u32) {
+    fn key(self, previous: u32) -> ArchivedKey {
+        ArchivedKey {
+            digest: previous.wrapping_add(self.0),
+            before_day_end: self.1,
+        }
+    }
+}
+
+impl<'de, T: StoredKey> Deserialize<'de> for Undelta<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: StoredKey> serde::de::Visitor<'de> for Visitor<T> {
+            type Value = Undelta<T>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of archived keys")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let hint = seq.size_hint().unwrap_or(0).min(PREALLOCATED_KEYS);
+                let mut keys = Vec::with_capacity(hint);
+                let mut previous = 0u32;
+                while let Some(stored) = seq.next_element::<T>()? {
+                    let key = stored.key(previous);
+                    previous = key.digest;
+                    keys.push(key);
+                }
+                Ok(Undelta(keys, std::marker::PhantomData))
+            }
+        }
+
+        deserializer.deserialize_seq(Visitor(std::marker::PhantomData))
+    }
+}
+
+fn deserialize_stored<'de, D, T>(
+    deserializer: D,
+) -> Result<Vec<(Millis, Vec<ArchivedKey>)>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: StoredKey,
+{
+    let days = Vec::<(Millis, Undelta<T>)>::deserialize(deserializer)?;
+    Ok(days.into_iter().map(|(day, keys)| (day, keys.0)).collect())
+}
+
+/// `deserialize_with` for [`crate::SnapshotData`]: [`SnapshotDays`].
+pub(crate) fn deserialize_days<'de, D>(
+    deserializer: D,
+) -> Result<Vec<(Millis, Vec<ArchivedKey>)>, D::Error>
 where
     D: serde::Deserializer<'de>,
 {
-    struct Digests(Vec<u32>);
-
-    impl<'de> Deserialize<'de> for Digests {
-        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_seq(DigestsVisitor)
-        }
-    }
-
-    struct DigestsVisitor;
-
-    impl<'de> serde::de::Visitor<'de> for DigestsVisitor {
-        type Value = Digests;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a list of digests")
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Digests, A::Error> {
-            let hint = seq.size_hint().unwrap_or(0).min(PREALLOCATED_DIGESTS);
-            let mut digests = Vec::with_capacity(hint);
-            let mut previous = 0u32;
-            while let Some(delta) = seq.next_element::<u32>()? {
-                previous = previous.wrapping_add(delta);
-                digests.push(previous);
-            }
-            Ok(Digests(digests))
-        }
-    }
-
-    let days = Vec::<(Millis, Digests)>::deserialize(deserializer)?;
-    Ok(days.into_iter().map(|(day, d)| (day, d.0)).collect())
+    deserialize_stored::<D, (u32, u32)>(deserializer)
 }
 
-/// Format 4's digests (8 bytes, whole) as today's: their first 4 bytes, still sorted.
-pub(crate) fn from_v4_days(days: Vec<(Millis, Vec<u64>)>) -> Vec<(Millis, Vec<u32>)> {
+/// `deserialize_with` for [`crate::SnapshotV5`]: format 5 stored the digests' differences
+/// alone; their times are not known.
+pub(crate) fn deserialize_v5_days<'de, D>(
+    deserializer: D,
+) -> Result<Vec<(Millis, Vec<ArchivedKey>)>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    deserialize_stored::<D, u32>(deserializer)
+}
+
+/// Format 4's digests (8 bytes, whole) as today's keys: their first 4 bytes, still sorted,
+/// with no time.
+pub(crate) fn from_v4_days(days: Vec<(Millis, Vec<u64>)>) -> Vec<(Millis, Vec<ArchivedKey>)> {
     days.into_iter()
-        .map(|(day, digests)| (day, digests.iter().map(|d| (d >> 32) as u32).collect()))
+        .map(|(day, digests)| {
+            let keys = digests.iter().map(|d| ArchivedKey {
+                digest: (d >> 32) as u32,
+                before_day_end: UNKNOWN_TIME,
+            });
+            (day, keys.collect())
+        })
         .collect()
 }
 
@@ -358,15 +539,20 @@ pub(crate) fn from_v4_days(days: Vec<(Millis, Vec<u64>)>) -> Vec<(Millis, Vec<u3
 mod tests {
     use super::*;
 
+    /// Whether `keys` may hold `digest` at `now`.
+    fn may_hold(keys: &ArchivedKeys, now: Millis, digest: u32) -> bool {
+        keys.times(now, digest).is_some()
+    }
+
     #[test]
     fn a_digest_is_held_until_its_day_is_over() {
         let mut keys = ArchivedKeys::default();
         let d = reserve_key_digest("acme", "k-1");
-        keys.insert(DAY_MS + 5, d);
-        assert!(keys.may_hold(0, d));
-        assert!(keys.may_hold(2 * DAY_MS - 1, d));
-        assert!(!keys.may_hold(2 * DAY_MS, d));
-        assert!(!keys.may_hold(0, reserve_key_digest("acme", "k-2")));
+        keys.insert(DAY_MS + 5, d, 3);
+        assert!(may_hold(&keys, 0, d));
+        assert!(may_hold(&keys, 2 * DAY_MS - 1, d));
+        assert!(!may_hold(&keys, 2 * DAY_MS, d));
+        assert!(!may_hold(&keys, 0, reserve_key_digest("acme", "k-2")));
         assert_eq!(keys.stale_day(2 * DAY_MS - 1), None);
         assert_eq!(keys.stale_day(2 * DAY_MS), Some(1));
         keys.forget_day(1);
@@ -384,6 +570,52 @@ mod tests {
         assert_eq!(reserve_key_digest("acme", "k"), 0x8b7a_e2f4);
     }
 
+    /// A key's time is the creation of its reservation, whichever of its sets holds it;
+    /// two keys that share a digest are both answered, newest first.
+    #[test]
+    fn keys_that_share_a_digest_answer_every_time() {
+        // Two of `acme`'s keys with one digest (found by search; asserted below).
+        let (a, b) = ("k-22714", "k-38362");
+        let digest = reserve_key_digest("acme", a);
+        assert_eq!(digest, reserve_key_digest("acme", b));
+        let mut keys = ArchivedKeys::default();
+        let window_end = 3 * DAY_MS + 17;
+        keys.insert(window_end, digest, window_end - DAY_MS);
+        keys.insert(window_end, digest, window_end - DAY_MS + 250);
+        keys.insert(window_end + DAY_MS, digest, window_end + 9);
+        // Held once, however often it is archived again (a replay).
+        keys.insert(window_end, digest, window_end - DAY_MS);
+        assert_eq!(keys.len(), 3);
+        let times = keys.times(0, digest).expect("held");
+        assert_eq!(
+            times.created_at,
+            [
+                window_end + 9,
+                window_end - DAY_MS + 250,
+                window_end - DAY_MS
+            ]
+        );
+        assert!(!times.any_time);
+        // As a snapshot keeps them, and read back.
+        let read = ArchivedKeys::from_days(keys.days());
+        assert_eq!(read.times(0, digest), Some(times));
+        assert!(!read.any_unknown_time());
+        // Once the first day is over, only the second day's key is left to find.
+        let later = keys.times(4 * DAY_MS, digest).expect("held");
+        assert_eq!(later.created_at, [window_end + 9]);
+    }
+
+    /// A time that does not fit (never in practice) is kept as unknown: the key is found by
+    /// itself, and the history store keeps the index that needs.
+    #[test]
+    fn a_time_too_far_back_is_unknown() {
+        let mut keys = ArchivedKeys::default();
+        keys.insert(60 * DAY_MS, 7, 0);
+        let times = keys.times(0, 7).expect("held");
+        assert!(times.created_at.is_empty() && times.any_time);
+        assert!(keys.any_unknown_time());
+    }
+
     /// Digests spread as SHA-256 prefixes are, from a fixed seed.
     fn spread(n: u64, seed: u64) -> Vec<u32> {
         (0..n)
@@ -391,22 +623,30 @@ mod tests {
             .collect()
     }
 
-    /// [`spread`], sorted as a snapshot holds them.
-    fn sorted(n: u64, seed: u64) -> Vec<u32> {
-        let mut digests = spread(n, seed);
-        digests.sort_unstable();
-        digests
+    /// Keys of [`spread`] digests with times from `seed`, sorted as a snapshot holds them.
+    fn keyed(digests: &[u32], seed: u32) -> Vec<ArchivedKey> {
+        let mut keys: Vec<ArchivedKey> = digests
+            .iter()
+            .enumerate()
+            .map(|(i, d)| ArchivedKey {
+                digest: *d,
+                before_day_end: seed.wrapping_mul(7_919).wrapping_add(i as u32 * 13) % 90_000_000,
+            })
+            .collect();
+        keys.sort_unstable();
+        keys
     }
 
     #[test]
-    fn sorted_digests_find_exactly_theirs_at_every_size() {
+    fn sorted_keys_find_exactly_theirs_at_every_size() {
         for n in [0, 1, 2, 15, 16, 17, 100, 4_096, 100_000] {
-            let held = spread(n, 1);
+            let held = keyed(&spread(n, 1), 1);
             let others = spread(1_000, 2);
-            let sorted = SortedDigests::new(held.clone());
+            let sorted = SortedKeys::new(held.clone());
             assert_eq!(sorted.digests.len(), held.len(), "{n}");
             assert!(
-                held.iter().all(|d| sorted.contains(*d)),
+                held.iter()
+                    .all(|k| sorted.matching(k.digest).any(|m| m == *k)),
                 "{n}: one held is missed"
             );
             assert!(
@@ -418,54 +658,66 @@ mod tests {
                 assert!(!sorted.contains(edge), "{n}: {edge}");
             }
             let mut with_edges = held.clone();
-            with_edges.extend([0, u32::MAX]);
-            let sorted = SortedDigests::new(with_edges);
+            with_edges.extend(keyed(&[0, u32::MAX], 2));
+            let sorted = SortedKeys::new(with_edges);
             assert!(sorted.contains(0) && sorted.contains(u32::MAX), "{n}");
         }
         // Out of order and repeated (a snapshot is written sorted; this is not relied on).
-        let sorted = SortedDigests::new(vec![9, 3, 9, 1]);
-        assert_eq!(sorted.digests, [1, 3, 9]);
+        let key = |digest, before_day_end| ArchivedKey {
+            digest,
+            before_day_end,
+        };
+        let sorted = SortedKeys::new(vec![key(9, 1), key(3, 5), key(9, 1), key(1, 2), key(9, 0)]);
+        assert_eq!(sorted.digests, [1, 3, 9, 9]);
+        assert_eq!(sorted.times, [2, 5, 0, 1]);
+        assert_eq!(sorted.matching(9).count(), 2);
         assert!(sorted.contains(3) && !sorted.contains(4));
     }
 
     #[test]
-    fn loaded_and_added_digests_answer_and_snapshot_as_one_set() {
-        let loaded = spread(1_000, 1);
-        let added = spread(500, 2);
+    fn loaded_and_added_keys_answer_and_snapshot_as_one_set() {
+        let loaded = keyed(&spread(1_000, 1), 1);
+        let added = keyed(&spread(500, 2), 2);
         let mut keys = ArchivedKeys::from_days(vec![(1, loaded.clone())]);
-        for d in added.iter().chain(&loaded[..10]) {
-            keys.insert(DAY_MS + 7, *d);
+        for k in added.iter().chain(&loaded[..10]) {
+            keys.insert(
+                DAY_MS + 7,
+                k.digest,
+                2 * DAY_MS - Millis::from(k.before_day_end),
+            );
         }
-        assert_eq!(
-            keys.len(),
-            1_500,
-            "a loaded digest added again is held once"
-        );
-        assert!(loaded
-            .iter()
-            .chain(&added)
-            .all(|d| keys.may_hold(DAY_MS, *d)));
-        assert!(spread(100, 3).iter().all(|d| !keys.may_hold(DAY_MS, *d)));
-        let mut all: Vec<u32> = loaded.iter().chain(&added).copied().collect();
+        assert_eq!(keys.len(), 1_500, "a loaded key added again is held once");
+        for k in loaded.iter().chain(&added) {
+            let times = keys.times(DAY_MS, k.digest).expect("held");
+            assert!(times
+                .created_at
+                .contains(&(2 * DAY_MS - Millis::from(k.before_day_end))));
+        }
+        assert!(spread(100, 3).iter().all(|d| !may_hold(&keys, DAY_MS, *d)));
+        let mut all: Vec<ArchivedKey> = loaded.iter().chain(&added).copied().collect();
         all.sort_unstable();
         assert_eq!(keys.days(), vec![(1, all.clone())]);
         assert_eq!(ArchivedKeys::from_days(vec![(1, all)]), keys);
     }
 
     #[test]
-    fn a_snapshot_reads_its_digests_into_vectors_of_their_size() {
+    fn a_snapshot_reads_its_keys_into_vectors_of_their_size() {
         let data = crate::SnapshotData {
-            archived_keys: vec![(1, sorted(200_000, 1)), (2, vec![]), (3, sorted(5, 2))],
+            archived_keys: vec![
+                (1, keyed(&spread(200_000, 1), 1)),
+                (2, vec![]),
+                (3, keyed(&spread(5, 2), 2)),
+            ],
             ..Default::default()
         };
         let bytes = postcard::to_stdvec(&data).expect("encode");
-        // Stored as differences: 200 000 digests spread over 2^32 are ~21 000 apart, three
-        // bytes each (five as whole 4-byte varints).
-        assert!(bytes.len() < 3 * 200_005 + 64, "{} bytes", bytes.len());
+        // Digests stored as differences: 200 000 spread over 2^32 are ~21 000 apart, three
+        // bytes each (five as whole 4-byte varints); times under 2^28, four bytes.
+        assert!(bytes.len() < 7 * 200_005 + 64, "{} bytes", bytes.len());
         let read: crate::SnapshotData = postcard::from_bytes(&bytes).expect("decode");
         assert_eq!(read, data);
-        for (day, digests) in &read.archived_keys {
-            assert_eq!(digests.capacity(), digests.len(), "day {day}");
+        for (day, keys) in &read.archived_keys {
+            assert_eq!(keys.capacity(), keys.len(), "day {day}");
         }
     }
 
@@ -473,7 +725,7 @@ mod tests {
     fn snapshot_form_round_trips() {
         let mut keys = ArchivedKeys::default();
         for (i, day) in [(1u32, 3), (2, 3), (3, 9)] {
-            keys.insert(day * DAY_MS, i);
+            keys.insert(day * DAY_MS, i, day * DAY_MS - 40);
         }
         assert_eq!(ArchivedKeys::from_days(keys.days()), keys);
         assert_eq!(keys.len(), 3);

@@ -31,7 +31,7 @@ mod webhook;
 pub use amount::{checked_add, checked_sub, Amount, Unit};
 pub use apikey::{ApiKey, ApiKeyStatus, Permission};
 pub use apply::*;
-pub use archive::{reserve_key_digest, ArchiveLookup, Archived, Found};
+pub use archive::{reserve_key_digest, ArchiveLookup, Archived, ArchivedKey, Found, UNKNOWN_TIME};
 pub use budget::{
     admission_refusal, charge_amount, fund, settle_commit, Budget, BudgetKey, BudgetStatus, Charge,
     FundingOp, OveragePolicy, Refusal, RolloverPolicy,
@@ -58,8 +58,8 @@ pub use scope::{
     derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
 };
 pub use state::{
-    Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4, State,
-    Violation, TERMINAL_RETENTION_MS,
+    Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4,
+    SnapshotV5, State, Violation, TERMINAL_RETENTION_MS,
 };
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
 pub use time::{format_rfc3339, parse_rfc3339};

@@ -8,7 +8,7 @@ use imbl::{HashMap as ImHashMap, OrdMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::archive::{reserve_key_digest, ArchivedKeys};
+use crate::archive::{reserve_key_digest, ArchivedKey, ArchivedKeys};
 use crate::idempotency::{Arrival, IdemEntry, IdemTable};
 use crate::intern::{share_loaded, Placement, Recent};
 use crate::inventory::Inventory;
@@ -199,12 +199,53 @@ pub struct SnapshotData {
     // Since format 3 (see [`SnapshotV2`]).
     pub rate_counts: Vec<(RateKey, RateCount)>,
     // Since format 4 (see [`SnapshotV3`]): archived reserves' key digests by day, sorted;
-    // since format 5 (see [`SnapshotV4`]) 4 bytes each, stored as differences.
+    // since format 5 (see [`SnapshotV4`]) 4 bytes each, stored as differences; since format
+    // 6 (see [`SnapshotV5`]) each with its reservation's creation time.
     #[serde(
         serialize_with = "crate::archive::serialize_days",
         deserialize_with = "crate::archive::deserialize_days"
     )]
-    pub archived_keys: Vec<(Millis, Vec<u32>)>,
+    pub archived_keys: Vec<(Millis, Vec<ArchivedKey>)>,
+}
+
+/// The persistent state as format 5 wrote it, with archived reserves' key digests alone:
+/// read from older snapshots (their times are not known, see [`crate::archive::UNKNOWN_TIME`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct SnapshotV5 {
+    pub tenants: Vec<Tenant>,
+    pub api_keys: Vec<ApiKey>,
+    pub budgets: Vec<Budget>,
+    pub policies: Vec<Policy>,
+    pub reservations: Vec<Reservation>,
+    pub idempotency: Vec<(IdemKey, IdemRecord)>,
+    pub webhooks: Vec<WebhookSubscription>,
+    pub webhook_security: Option<WebhookSecurity>,
+    pub deliveries: Vec<Delivery>,
+    pub last_event: u64,
+    pub last_delivery: u64,
+    pub rate_counts: Vec<(RateKey, RateCount)>,
+    #[serde(deserialize_with = "crate::archive::deserialize_v5_days")]
+    pub archived_keys: Vec<(Millis, Vec<ArchivedKey>)>,
+}
+
+impl From<SnapshotV5> for SnapshotData {
+    fn from(v5: SnapshotV5) -> Self {
+        SnapshotData {
+            tenants: v5.tenants,
+            api_keys: v5.api_keys,
+            budgets: v5.budgets,
+            policies: v5.policies,
+            reservations: v5.reservations,
+            idempotency: v5.idempotency,
+            webhooks: v5.webhooks,
+            webhook_security: v5.webhook_security,
+            deliveries: v5.deliveries,
+            last_event: v5.last_event,
+            last_delivery: v5.last_delivery,
+            rate_counts: v5.rate_counts,
+            archived_keys: v5.archived_keys,
+        }
+    }
 }
 
 /// The persistent state as format 4 wrote it, with 8-byte digests of archived reserves'
@@ -542,9 +583,10 @@ impl State {
         now: Millis,
     ) -> Option<ArchiveLookup> {
         let keys = &self.archived_keys;
-        if keys.is_empty() || !keys.may_hold(now, reserve_key_digest(tenant, key)) {
+        if keys.is_empty() {
             return None;
         }
+        let times = keys.times(now, reserve_key_digest(tenant, key))?;
         let record = IdemKey {
             tenant_id: Arc::from(tenant),
             endpoint: Endpoint::Reserve,
@@ -556,12 +598,21 @@ impl State {
             .then_some(ArchiveLookup::CreatedBy {
                 tenant: record.tenant_id,
                 key: record.key,
+                created_at: times.created_at,
+                any_time: times.any_time,
             })
     }
 
     /// Digests of archived reserves' keys held while their windows last.
     pub fn archived_key_count(&self) -> usize {
         self.archived_keys.len()
+    }
+
+    /// Whether an archived reserve's key is held without its time (read from a format-4 or
+    /// -5 snapshot): while one is, the history store keeps its index of keys, by which
+    /// alone that reserve is found.
+    pub fn archived_keys_need_key_index(&self) -> bool {
+        self.archived_keys.any_unknown_time()
     }
 
     /// Applies one effect, keeping every index in step.
@@ -693,6 +744,7 @@ impl State {
                 self.archived_keys.insert(
                     record.expires_at_ms,
                     reserve_key_digest(&key.tenant_id, &key.key),
+                    r.created_at_ms,
                 );
             }
         }

@@ -306,6 +306,9 @@ fn open_durable(
         backlog.push((seq, entry));
     })?;
     let history_reprojected = backlog.len();
+    projector
+        .history()
+        .index_keys(recovered.state.archived_keys_need_key_index())?;
     if !backlog.is_empty() {
         // Written by the history writer while the store serves, not before: a crash under
         // load can leave a journal's worth of rows on their way, and a read that needs them

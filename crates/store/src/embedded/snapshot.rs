@@ -6,10 +6,11 @@
 //!
 //! Version 2 added the webhook state at the end of the payload, version 3 the policies'
 //! rate counts after it, version 4 the digests of archived reserves' keys after those,
-//! version 5 those digests in 4 bytes, stored as differences; older snapshots are still
-//! read (as [`SnapshotV1`], with no webhooks, [`SnapshotV2`], with no rate counts,
-//! [`SnapshotV3`], with no archived keys: nothing had been archived, and [`SnapshotV4`],
-//! whose 8-byte digests begin with today's).
+//! version 5 those digests in 4 bytes, stored as differences, version 6 each with its
+//! reservation's creation time; older snapshots are still read (as [`SnapshotV1`], with no
+//! webhooks, [`SnapshotV2`], with no rate counts, [`SnapshotV3`], with no archived keys:
+//! nothing had been archived, [`SnapshotV4`], whose 8-byte digests begin with today's, and
+//! [`SnapshotV5`]; the keys of these two have no time).
 //! The journal's format is unchanged: new effects were appended to the enum, so old records
 //! decode as they were.
 
@@ -17,13 +18,15 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use ledger::{SnapshotData, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4};
+use ledger::{SnapshotData, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4, SnapshotV5};
 use serde::Serialize;
 
 use super::files::{list_segments, list_snapshots, private_file, snapshot_path, sync_dir};
 
 /// The snapshot format written.
-const SNAPSHOT_VERSION: u32 = 5;
+const SNAPSHOT_VERSION: u32 = 6;
+/// The snapshot format whose archived keys have no time, still read.
+const SNAPSHOT_VERSION_5: u32 = 5;
 /// The snapshot format with 8-byte digests of archived reserves' keys, still read.
 const SNAPSHOT_VERSION_4: u32 = 4;
 /// The snapshot format before archived reservations, still read.
@@ -137,6 +140,9 @@ pub fn parse_snapshot(bytes: &[u8]) -> Option<(u64, SnapshotData)> {
     }
     let data = match version {
         SNAPSHOT_VERSION => postcard::from_bytes(payload).ok(),
+        SNAPSHOT_VERSION_5 => postcard::from_bytes::<SnapshotV5>(payload)
+            .ok()
+            .map(SnapshotData::from),
         SNAPSHOT_VERSION_4 => postcard::from_bytes::<SnapshotV4>(payload)
             .ok()
             .map(SnapshotData::from),
@@ -258,9 +264,24 @@ mod tests {
             count: 17,
         };
         state.apply_effect(&Effect::PutRateCount(key, count));
-        // Digests of archived reserves' keys, in two days.
+        // Archived reserves' keys, in two days (one with no time, as format 5 read them).
+        let key = |digest, before_day_end| ledger::ArchivedKey {
+            digest,
+            before_day_end,
+        };
         let mut data = state.to_snapshot();
-        data.archived_keys = vec![(19_700, vec![3, 1, 2]), (19_701, vec![5])];
+        data.archived_keys = vec![
+            (
+                19_700,
+                vec![
+                    key(3, 9),
+                    key(1, 0),
+                    key(2, ledger::UNKNOWN_TIME),
+                    key(2, 4),
+                ],
+            ),
+            (19_701, vec![key(5, 86_400_000)]),
+        ];
         let state = State::from_snapshot(data);
         let dir = tempfile::tempdir().expect("temp dir");
         let path = write_snapshot(dir.path(), 7, &state.snapshot_source()).expect("write");
@@ -272,7 +293,18 @@ mod tests {
         assert_eq!(data.rate_counts.len(), 1);
         assert_eq!(
             data.archived_keys,
-            [(19_700, vec![1, 2, 3]), (19_701, vec![5])]
+            [
+                (
+                    19_700,
+                    vec![
+                        key(1, 0),
+                        key(2, 4),
+                        key(2, ledger::UNKNOWN_TIME),
+                        key(3, 9)
+                    ]
+                ),
+                (19_701, vec![key(5, 86_400_000)])
+            ]
         );
         // A damaged byte anywhere in the payload makes the snapshot unreadable, not wrong.
         let mut bytes = fs::read(&path).expect("read bytes");
@@ -348,8 +380,42 @@ mod tests {
         let (_, data) = read_snapshot(&path).expect("read").expect("a v4 snapshot");
         assert_eq!(data.last_event, 5);
         let today = ledger::reserve_key_digest("acme", "k");
-        assert_eq!(data.archived_keys, [(19_700, vec![0, today])]);
+        let key = |digest| ledger::ArchivedKey {
+            digest,
+            before_day_end: ledger::UNKNOWN_TIME,
+        };
+        assert_eq!(data.archived_keys, [(19_700, vec![key(0), key(today)])]);
         // The current format's payload differs: read as format 4, it is refused.
+        let (_dir, path) = framed(SNAPSHOT_VERSION, &payload);
+        assert!(read_snapshot(&path).expect("read").is_none());
+    }
+
+    /// A format-5 snapshot reads its digests (stored as differences) as keys whose time is
+    /// not known: their reserves are looked up by key, and the state says so.
+    #[test]
+    fn a_format_5_snapshot_reads_its_digests_without_times() {
+        // Format 5's payload is today's up to its last field, the days of digests: an
+        // empty list (one byte) in this encoding of a state with none.
+        let mut payload = postcard::to_allocvec(&SnapshotData {
+            last_event: 5,
+            ..SnapshotData::default()
+        })
+        .expect("encode");
+        assert_eq!(payload.pop(), Some(0));
+        // Day 19 700 with the digests 3 and 7, as differences.
+        let days: Vec<(i64, Vec<u32>)> = vec![(19_700, vec![3, 4])];
+        payload.extend(postcard::to_allocvec(&days).expect("encode"));
+        let (_dir, path) = framed(SNAPSHOT_VERSION_5, &payload);
+        let (_, data) = read_snapshot(&path).expect("read").expect("a v5 snapshot");
+        assert_eq!(data.last_event, 5);
+        let key = |digest| ledger::ArchivedKey {
+            digest,
+            before_day_end: ledger::UNKNOWN_TIME,
+        };
+        assert_eq!(data.archived_keys, [(19_700, vec![key(3), key(7)])]);
+        let state = ledger::State::from_snapshot(data);
+        assert!(state.archived_keys_need_key_index());
+        // The current format's payload differs: read as format 5, it is refused.
         let (_dir, path) = framed(SNAPSHOT_VERSION, &payload);
         assert!(read_snapshot(&path).expect("read").is_none());
     }

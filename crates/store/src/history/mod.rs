@@ -141,6 +141,12 @@ pub trait History: Send + Sync + 'static {
     /// The archived reservation `lookup` names, with its records.
     fn archived(&self, lookup: &ArchiveLookup) -> io::Result<Option<Archived>>;
 
+    /// Keeps an index of archived reservations by their reserve's key, or drops it, as
+    /// `needed` says: the state needs it while it holds keys of archived reserves without
+    /// their creation times ([`ledger::State::archived_keys_need_key_index`]). Called once
+    /// the state is loaded, before it serves.
+    fn index_keys(&self, needed: bool) -> io::Result<()>;
+
     /// One page of `tenant`'s archived reservations for a listing (its order, cursor and
     /// filters), to merge with the state's ([`ListReservations::merge`]).
     fn archived_page(&self, tenant: &str, query: &ListReservations) -> io::Result<ReservationPage>;

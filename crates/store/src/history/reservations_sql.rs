@@ -40,8 +40,24 @@ CREATE INDEX IF NOT EXISTS reservations_created ON reservations (tenant_id, crea
 CREATE INDEX IF NOT EXISTS reservations_expires ON reservations (tenant_id, expires_at, id);
 CREATE INDEX IF NOT EXISTS reservations_status_created
     ON reservations (tenant_id, status, created_at, id);
-CREATE INDEX IF NOT EXISTS reservations_key ON reservations (tenant_id, idempotency_key);
 ";
+
+/// The index of reserves' keys, for a reserve whose archived key has no time (read from a
+/// format-4 or -5 snapshot): kept while the state holds such a key, dropped once none is
+/// left ([`key_index`]). Every other lookup by key goes through `reservations_created`:
+/// keys are random, so this index cost a random page write per archived reservation.
+const KEY_INDEX: &str = "reservations_key";
+
+/// Creates or drops the index of reserves' keys, as `needed` says (see [`KEY_INDEX`]).
+pub fn key_index(c: &Connection, needed: bool) -> rusqlite::Result<()> {
+    if needed {
+        c.execute_batch(&format!(
+            "CREATE INDEX IF NOT EXISTS {KEY_INDEX} ON reservations (tenant_id, idempotency_key)"
+        ))
+    } else {
+        c.execute_batch(&format!("DROP INDEX IF EXISTS {KEY_INDEX}"))
+    }
+}
 
 /// Rows read per query while a page is filled (a page's filters may skip many).
 const CHUNK: usize = 256;
@@ -123,25 +139,60 @@ pub fn insert(tx: &Transaction<'_>, record_seq: u64, a: &Archived) -> rusqlite::
     Ok(inserted == 1)
 }
 
+/// An archived row's two blobs: the reservation and its records.
+type Blobs = (Vec<u8>, Vec<u8>);
+
 /// The archived reservation `lookup` names.
 pub fn lookup(c: &Connection, lookup: &ArchiveLookup) -> rusqlite::Result<Option<Archived>> {
+    let blobs =
+        |row: &rusqlite::Row<'_>| -> rusqlite::Result<Blobs> { Ok((row.get(0)?, row.get(1)?)) };
     let row = match lookup {
         ArchiveLookup::Reservation(id) => c
             .prepare_cached("SELECT reservation, records FROM reservations WHERE id = ?1")?
-            .query_row([id], |row| {
-                Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?))
-            })
+            .query_row([id], blobs)
             .optional()?,
         // The newest: a key is used again only once its earlier record's window is over.
-        ArchiveLookup::CreatedBy { tenant, key } => c
-            .prepare_cached(
-                "SELECT reservation, records FROM reservations \
-                 WHERE tenant_id = ?1 AND idempotency_key = ?2 ORDER BY created_at DESC LIMIT 1",
-            )?
-            .query_row([&**tenant, &**key], |row| {
-                Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?))
-            })
-            .optional()?,
+        ArchiveLookup::CreatedBy {
+            tenant,
+            key,
+            created_at,
+            any_time,
+        } => {
+            let mut newest: Option<(Millis, Blobs)> = None;
+            // Newest first: the first found is the newest of these.
+            for at in created_at {
+                let found = c
+                    .prepare_cached(
+                        "SELECT reservation, records FROM reservations \
+                         WHERE tenant_id = ?1 AND created_at = ?2 AND idempotency_key = ?3 \
+                         ORDER BY id DESC LIMIT 1",
+                    )?
+                    .query_row(params![&**tenant, at, &**key], blobs)
+                    .optional()?;
+                if let Some(found) = found {
+                    newest = Some((*at, found));
+                    break;
+                }
+            }
+            if *any_time {
+                let found = c
+                    .prepare_cached(
+                        "SELECT created_at, reservation, records FROM reservations \
+                         WHERE tenant_id = ?1 AND idempotency_key = ?2 \
+                         ORDER BY created_at DESC LIMIT 1",
+                    )?
+                    .query_row([&**tenant, &**key], |row| {
+                        Ok((row.get::<_, Millis>(0)?, (row.get(1)?, row.get(2)?)))
+                    })
+                    .optional()?;
+                if let Some(found) = found {
+                    if newest.as_ref().is_none_or(|(at, _)| found.0 > *at) {
+                        newest = Some(found);
+                    }
+                }
+            }
+            newest.map(|(_, row)| row)
+        }
     };
     let Some((reservation, records)) = row else {
         return Ok(None);
@@ -263,3 +314,31 @@ pub const EXPIRE_SQL: &str = "DELETE FROM reservations WHERE rowid IN (SELECT ro
 pub const TRIM_SQL: &str = "DELETE FROM reservations WHERE rowid IN (SELECT rowid FROM \
      reservations WHERE rowid > coalesce((SELECT rowid FROM reservations WHERE record_seq <= ?1 \
      ORDER BY rowid DESC LIMIT 1), 0) ORDER BY rowid DESC LIMIT ?2)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has_key_index(c: &Connection) -> bool {
+        c.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?1",
+            [KEY_INDEX],
+            |r| r.get::<_, i64>(0),
+        )
+        .expect("query")
+            == 1
+    }
+
+    /// The index of keys is made only while keys without times need it, and each call
+    /// can be repeated (every start makes one).
+    #[test]
+    fn the_key_index_follows_what_the_state_needs() {
+        let c = Connection::open_in_memory().expect("open");
+        c.execute_batch(SCHEMA).expect("schema");
+        assert!(!has_key_index(&c), "a new history has none");
+        for needed in [true, true, false, false, true] {
+            key_index(&c, needed).expect("index");
+            assert_eq!(has_key_index(&c), needed);
+        }
+    }
+}

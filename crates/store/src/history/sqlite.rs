@@ -320,6 +320,10 @@ impl History for SqliteHistory {
         reservations_sql::lookup(&lock(&self.point_reader), lookup).map_err(sql_error)
     }
 
+    fn index_keys(&self, needed: bool) -> io::Result<()> {
+        reservations_sql::key_index(&lock(&self.writer), needed).map_err(sql_error)
+    }
+
     fn archived_page(&self, tenant: &str, query: &ListReservations) -> io::Result<ReservationPage> {
         reservations_sql::page(&lock(&self.reader), tenant, query).map_err(sql_error)
     }

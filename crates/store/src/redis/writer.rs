@@ -428,6 +428,13 @@ impl Writer {
                 "the history this instance keeps was ahead of the ledger's log in Redis"
             );
         }
+        if let Err(e) = projector
+            .history()
+            .index_keys(state.archived_keys_need_key_index())
+        {
+            // Lookups by key still answer without it (by a scan), only slower.
+            tracing::warn!(error = %e, "the history's index of reserve keys was not changed");
+        }
         self.state = state;
         self.applied = last;
         self.last_now = last_now;

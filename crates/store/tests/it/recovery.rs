@@ -1362,3 +1362,80 @@ async fn archived_reservations_ahead_of_the_journal_are_trimmed_to_it() {
     }
     assert_eq!(archived(&store).await, 3);
 }
+
+/// A retried reserve finds its archived reservation by when that was created (the state
+/// keeps the time beside the key's digest), through the history's index by creation time:
+/// the history keeps no index of keys. Two keys that share a digest are told apart, before
+/// a restart and after it (their times read from the snapshot).
+#[tokio::test]
+async fn a_retried_reserve_finds_its_archived_row_by_time_not_by_key() {
+    let dir = scratch_dir();
+    let clock = Arc::new(ManualClock::new(T0));
+    let archive_all = || {
+        Command::Maintain(Maintain {
+            limit: 100,
+            archive_after_ms: 0,
+        })
+    };
+    // Their reserves' keys share a digest (found by search).
+    let (a, b) = ("r70032", "r113524");
+    assert_eq!(
+        ledger::reserve_key_digest(TENANT, &format!("reserve-{a}")),
+        ledger::reserve_key_digest(TENANT, &format!("reserve-{b}"))
+    );
+    let store = open_store(dir.path(), clock.clone(), |_| {});
+    for command in provisioning() {
+        assert!(command.execute(&store, Load::Busy).await.is_ok());
+    }
+    let settle = |id: &'static str| {
+        let store = &store;
+        let clock = clock.clone();
+        async move {
+            let answer = reserve(id, 100).execute(store, Load::Busy).await;
+            assert!(
+                answer.as_ref().is_ok_and(|a| a.contains("replayed: false")),
+                "{answer:?}"
+            );
+            assert!(commit(id, id, 40).execute(store, Load::Busy).await.is_ok());
+            clock.advance(STEP_MS);
+            assert!(archive_all().execute(store, Load::Busy).await.is_ok());
+        }
+    };
+    let replayed = |answer: Answer, id: &str| {
+        let answer = answer.expect("a replay");
+        assert!(answer.contains("replayed: true"), "{answer}");
+        assert!(answer.contains(&format!("\"{id}\"")), "{answer}");
+    };
+    settle(a).await;
+    replayed(reserve(a, 100).execute(&store, Load::Busy).await, a);
+    // The other key is fresh, though its digest is held: its own reservation.
+    settle(b).await;
+    for id in [a, b] {
+        replayed(reserve(id, 100).execute(&store, Load::Busy).await, id);
+    }
+    store.shutdown().await;
+    drop(store);
+
+    let store = open_store(dir.path(), clock.clone(), |_| {});
+    for id in [a, b] {
+        replayed(reserve(id, 100).execute(&store, Load::Busy).await, id);
+    }
+    store.shutdown().await;
+    drop(store);
+    let history = rusqlite::Connection::open(dir.path().join(store::history::FILE_NAME))
+        .expect("open the history");
+    let indexes: Vec<String> = history
+        .prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'reservations'",
+        )
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("indexes");
+    assert!(
+        indexes.contains(&"reservations_created".to_string()),
+        "{indexes:?}"
+    );
+    assert!(
+        !indexes.contains(&"reservations_key".to_string()),
+        "{indexes:?}"
+    );
+}

@@ -151,12 +151,30 @@ fn find(lookup: &ArchiveLookup) -> Found {
             ArchiveLookup::Reservation(id) => before
                 .find(|a| &*a.reservation.reservation_id == id)
                 .cloned(),
-            ArchiveLookup::CreatedBy { tenant, key } => before
-                .filter(|a| {
-                    a.reservation.tenant_id == *tenant && a.reservation.idempotency_key == *key
-                })
-                .max_by_key(|a| a.reservation.created_at_ms)
-                .cloned(),
+            ArchiveLookup::CreatedBy {
+                tenant,
+                key,
+                created_at,
+                any_time,
+            } => {
+                let found = before
+                    .filter(|a| {
+                        a.reservation.tenant_id == *tenant && a.reservation.idempotency_key == *key
+                    })
+                    .max_by_key(|a| a.reservation.created_at_ms)
+                    .cloned();
+                // The model finds by key alone; a history store finds by the times the
+                // state gives it, which must name the one found.
+                if let Some(a) = &found {
+                    assert!(
+                        *any_time || created_at.contains(&a.reservation.created_at_ms),
+                        "the state's times {created_at:?} miss the archived reserve of \
+                         {tenant}/{key}, created at {}",
+                        a.reservation.created_at_ms
+                    );
+                }
+                found
+            }
         }
     })
 }
