@@ -167,18 +167,17 @@ impl DaySet {
     }
 
     fn len(&self) -> usize {
-        self.loaded.digests.len() + self.added.len()
+        self.loaded.keys.len() + self.added.len()
     }
 
     /// Every key, sorted.
     fn sorted(&self) -> Vec<ArchivedKey> {
         let mut added: Vec<ArchivedKey> = self.added.iter().copied().collect();
         added.sort_unstable();
-        let loaded = &self.loaded;
-        let mut all = Vec::with_capacity(loaded.digests.len() + added.len());
+        let loaded = &self.loaded.keys;
+        let mut all = Vec::with_capacity(loaded.len() + added.len());
         let mut added = added.into_iter().peekable();
-        for i in 0..loaded.digests.len() {
-            let key = loaded.key(i);
+        for &key in loaded {
             while let Some(next) = added.next_if(|a| *a < key) {
                 all.push(next);
             }
@@ -197,17 +196,16 @@ fn table_hash(digest: u32) -> u64 {
     u64::from(digest).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Keys sorted by digest (then time), as two vectors, with a directory of where each run of
-/// equal leading bits starts: the digests are uniformly spread (they are SHA-256 prefixes),
+/// Keys sorted by digest (then time), with a directory of where each run of equal leading
+/// bits starts: the digests are uniformly spread (they are SHA-256 prefixes),
 /// so a run holds about [`DIGESTS_PER_RUN`] of them, and a lookup is a read of the
 /// directory and a search of one short run (two cache misses), where a binary search of
 /// millions costs twenty. Building it is one pass: a restart with millions of keys reads
 /// them and is done.
 #[derive(Debug, Clone, Default)]
 struct SortedKeys {
-    digests: Vec<u32>,
-    /// Each key's [`ArchivedKey::before_day_end`], beside its digest.
-    times: Vec<u32>,
+    /// As a snapshot is read into them: a restart copies none.
+    keys: Vec<ArchivedKey>,
     /// Digests are grouped by their leading `32 - shift` bits.
     shift: u32,
     /// Where each group starts in `digests`, with the end after the last.
@@ -223,10 +221,8 @@ impl SortedKeys {
             keys.sort_unstable();
         }
         keys.dedup();
-        let digests: Vec<u32> = keys.iter().map(|k| k.digest).collect();
-        let times: Vec<u32> = keys.iter().map(|k| k.before_day_end).collect();
-        drop(keys);
-        let bits = (digests.len() / DIGESTS_PER_RUN)
+        keys.shrink_to_fit();
+        let bits = (keys.len() / DIGESTS_PER_RUN)
             .checked_ilog2()
             .unwrap_or(0)
             .min(24);
@@ -235,15 +231,14 @@ impl SortedKeys {
         let mut starts = Vec::with_capacity(groups + 1);
         let mut at = 0;
         for group in 0..groups as u32 {
-            while at < digests.len() && Self::group(digests[at], shift) < group {
+            while at < keys.len() && Self::group(keys[at].digest, shift) < group {
                 at += 1;
             }
             starts.push(at as u32);
         }
-        starts.push(digests.len() as u32);
+        starts.push(keys.len() as u32);
         SortedKeys {
-            digests,
-            times,
+            keys,
             shift,
             starts,
         }
@@ -253,22 +248,15 @@ impl SortedKeys {
         digest.checked_shr(shift).unwrap_or(0)
     }
 
-    fn key(&self, i: usize) -> ArchivedKey {
-        ArchivedKey {
-            digest: self.digests[i],
-            before_day_end: self.times[i],
-        }
-    }
-
     /// Where the keys with `digest` are.
     fn range(&self, digest: u32) -> std::ops::Range<usize> {
         let group = Self::group(digest, self.shift) as usize;
         let (Some(&from), Some(&to)) = (self.starts.get(group), self.starts.get(group + 1)) else {
             return 0..0;
         };
-        let run = &self.digests[from as usize..to as usize];
-        let first = run.partition_point(|d| *d < digest);
-        let end = run.partition_point(|d| *d <= digest);
+        let run = &self.keys[from as usize..to as usize];
+        let first = run.partition_point(|k| k.digest < digest);
+        let end = run.partition_point(|k| k.digest <= digest);
         from as usize + first..from as usize + end
     }
 
@@ -277,7 +265,7 @@ impl SortedKeys {
     }
 
     fn matching(&self, digest: u32) -> impl Iterator<Item = ArchivedKey> + '_ {
-        self.range(digest).map(|i| self.key(i))
+        self.keys[self.range(digest)].iter().copied()
     }
 }
 
@@ -339,7 +327,11 @@ impl ArchivedKeys {
     pub fn any_unknown_time(&self) -> bool {
         self.by_day.values().any(|set| {
             set.added.iter().any(|k| k.before_day_end == UNKNOWN_TIME)
-                || set.loaded.times.contains(&UNKNOWN_TIME)
+                || set
+                    .loaded
+                    .keys
+                    .iter()
+                    .any(|k| k.before_day_end == UNKNOWN_TIME)
         })
     }
 
@@ -643,7 +635,7 @@ mod tests {
             let held = keyed(&spread(n, 1), 1);
             let others = spread(1_000, 2);
             let sorted = SortedKeys::new(held.clone());
-            assert_eq!(sorted.digests.len(), held.len(), "{n}");
+            assert_eq!(sorted.keys.len(), held.len(), "{n}");
             assert!(
                 held.iter()
                     .all(|k| sorted.matching(k.digest).any(|m| m == *k)),
@@ -668,8 +660,7 @@ mod tests {
             before_day_end,
         };
         let sorted = SortedKeys::new(vec![key(9, 1), key(3, 5), key(9, 1), key(1, 2), key(9, 0)]);
-        assert_eq!(sorted.digests, [1, 3, 9, 9]);
-        assert_eq!(sorted.times, [2, 5, 0, 1]);
+        assert_eq!(sorted.keys, [key(1, 2), key(3, 5), key(9, 0), key(9, 1)]);
         assert_eq!(sorted.matching(9).count(), 2);
         assert!(sorted.contains(3) && !sorted.contains(4));
     }
