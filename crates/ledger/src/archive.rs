@@ -170,21 +170,18 @@ impl DaySet {
         self.loaded.keys.len() + self.added.len()
     }
 
-    /// Every key, sorted.
-    fn sorted(&self) -> Vec<ArchivedKey> {
+    /// Every key, in order: the loaded ones as they are, merged with a sorted copy of
+    /// those added since (a snapshot streams them, with no copy of millions of keys).
+    fn in_order(&self) -> impl Iterator<Item = ArchivedKey> + '_ {
         let mut added: Vec<ArchivedKey> = self.added.iter().copied().collect();
         added.sort_unstable();
-        let loaded = &self.loaded.keys;
-        let mut all = Vec::with_capacity(loaded.len() + added.len());
         let mut added = added.into_iter().peekable();
-        for &key in loaded {
-            while let Some(next) = added.next_if(|a| *a < key) {
-                all.push(next);
-            }
-            all.push(key);
-        }
-        all.extend(added);
-        all
+        let mut loaded = self.loaded.keys.iter().copied().peekable();
+        std::iter::from_fn(move || match (loaded.peek(), added.peek()) {
+            (Some(l), Some(a)) if a < l => added.next(),
+            (Some(_), _) => loaded.next(),
+            (None, _) => added.next(),
+        })
     }
 }
 
@@ -357,8 +354,17 @@ impl ArchivedKeys {
     pub(crate) fn days(&self) -> Vec<(Millis, Vec<ArchivedKey>)> {
         self.by_day
             .iter()
-            .map(|(day, set)| (*day, set.sorted()))
+            .map(|(day, set)| (*day, set.in_order().collect()))
             .collect()
+    }
+
+    /// The sets as a snapshot stores them ([`SnapshotDays`]), streamed from the sets.
+    pub(crate) fn snapshot_form(&self) -> impl Serialize + '_ {
+        SnapshotDays(self.by_day.len(), move || {
+            self.by_day
+                .iter()
+                .map(|(day, set)| (*day, set.len(), set.in_order()))
+        })
     }
 
     pub(crate) fn from_days(days: Vec<(Millis, Vec<ArchivedKey>)>) -> Self {
@@ -383,27 +389,36 @@ const PREALLOCATED_KEYS: usize = 1 << 24;
 /// Days of sorted keys as a snapshot stores them (format 6): each digest as its difference
 /// from the one before, so the encoding's variable-length integers take about two bytes per
 /// digest at ten million a day, then its time (four bytes: a day and more of milliseconds).
-pub(crate) struct SnapshotDays<'a>(pub(crate) &'a [(Millis, Vec<ArchivedKey>)]);
+/// Made of how many days there are and a function that lists each day with its number of
+/// keys and the keys in order, so that the state's sets and a [`crate::SnapshotData`]'s
+/// vectors are written alike.
+struct SnapshotDays<F>(usize, F);
 
-impl Serialize for SnapshotDays<'_> {
+impl<F, D, K> Serialize for SnapshotDays<F>
+where
+    F: Fn() -> D,
+    D: Iterator<Item = (Millis, usize, K)>,
+    K: Iterator<Item = ArchivedKey>,
+{
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
-        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
-        for (day, keys) in self.0 {
-            seq.serialize_element(&(day, Deltas(keys)))?;
+        let mut seq = serializer.serialize_seq(Some(self.0))?;
+        for (day, len, keys) in (self.1)() {
+            seq.serialize_element(&(day, Deltas(len, std::cell::Cell::new(Some(keys)))))?;
         }
         seq.end()
     }
 }
 
-struct Deltas<'a>(&'a [ArchivedKey]);
+/// A day's keys, written once (serializing takes the iterator).
+struct Deltas<K>(usize, std::cell::Cell<Option<K>>);
 
-impl Serialize for Deltas<'_> {
+impl<K: Iterator<Item = ArchivedKey>> Serialize for Deltas<K> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
-        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        let mut seq = serializer.serialize_seq(Some(self.0))?;
         let mut previous = 0u32;
-        for key in self.0 {
+        for key in self.1.take().into_iter().flatten() {
             seq.serialize_element(&(key.digest.wrapping_sub(previous), key.before_day_end))?;
             previous = key.digest;
         }
@@ -416,7 +431,11 @@ pub(crate) fn serialize_days<S: serde::Serializer>(
     days: &[(Millis, Vec<ArchivedKey>)],
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
-    SnapshotDays(days).serialize(serializer)
+    let keys = || {
+        days.iter()
+            .map(|(day, keys)| (*day, keys.len(), keys.iter().copied()))
+    };
+    SnapshotDays(days.len(), keys).serialize(serializer)
 }
 
 /// Reads a sequence of differences (`T`: a digest's, or a digest's and its time) into a
@@ -710,6 +729,36 @@ mod tests {
         for (day, keys) in &read.archived_keys {
             assert_eq!(keys.capacity(), keys.len(), "day {day}");
         }
+    }
+
+    /// The state's sets stream into the bytes a snapshot's vectors of the same keys write.
+    #[test]
+    fn the_sets_stream_as_their_days_are_written() {
+        let mut keys = ArchivedKeys::from_days(vec![
+            (1, keyed(&spread(1_000, 1), 1)),
+            (4, keyed(&spread(10, 5), 5)),
+        ]);
+        for k in keyed(&spread(300, 2), 2) {
+            keys.insert(
+                DAY_MS + 7,
+                k.digest,
+                2 * DAY_MS - Millis::from(k.before_day_end),
+            );
+        }
+        keys.insert(9 * DAY_MS, 77, 9 * DAY_MS - 5);
+        struct Written(Vec<(Millis, Vec<ArchivedKey>)>);
+        impl Serialize for Written {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                serialize_days(&self.0, s)
+            }
+        }
+        let streamed = postcard::to_stdvec(&keys.snapshot_form()).expect("encode");
+        let written = postcard::to_stdvec(&Written(keys.days())).expect("encode");
+        assert_eq!(streamed, written);
+        assert_eq!(
+            keys.days().iter().map(|(_, k)| k.len()).sum::<usize>(),
+            1_311
+        );
     }
 
     #[test]

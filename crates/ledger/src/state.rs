@@ -453,10 +453,7 @@ impl Serialize for SnapshotSource {
             "rate_counts",
             &Seq(self.rate_counts.len(), || self.rate_counts.iter()),
         )?;
-        s.serialize_field(
-            "archived_keys",
-            &crate::archive::SnapshotDays(&self.archived_keys.days()),
-        )?;
+        s.serialize_field("archived_keys", &self.archived_keys.snapshot_form())?;
         s.end()
     }
 }
