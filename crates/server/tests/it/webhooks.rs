@@ -744,6 +744,13 @@ async fn failed_deliveries_retry_then_disable(engine: Engine) {
     assert_eq!(receiver.received().len(), 1);
     s.advance(1_200);
     receiver.wait_for(2).await;
+    // The second attempt's next retry is set from the clock when its answer is recorded:
+    // advancing before that would move the retry along with it.
+    wait_deliveries(&s, &id, |d| {
+        d.first()
+            .is_some_and(|d| d["attempts"] == 2 && d["status"] == "RETRYING")
+    })
+    .await;
     s.advance(2_400);
     receiver.wait_for(3).await;
     let d = wait_deliveries(&s, &id, |d| {
