@@ -521,29 +521,40 @@ where
     deserialize_stored::<D, (u32, u32)>(deserializer)
 }
 
-/// `deserialize_with` for [`crate::SnapshotV5`]: format 5 stored the digests' differences
-/// alone; their times are not known.
-pub(crate) fn deserialize_v5_days<'de, D>(
-    deserializer: D,
-) -> Result<Vec<(Millis, Vec<ArchivedKey>)>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    deserialize_stored::<D, u32>(deserializer)
+/// Days of digests as an older snapshot stored them, read as keys with no time.
+pub trait UntimedDays {
+    fn into_keys(self) -> Vec<(Millis, Vec<ArchivedKey>)>;
 }
 
-/// Format 4's digests (8 bytes, whole) as today's keys: their first 4 bytes, still sorted,
-/// with no time.
-pub(crate) fn from_v4_days(days: Vec<(Millis, Vec<u64>)>) -> Vec<(Millis, Vec<ArchivedKey>)> {
-    days.into_iter()
-        .map(|(day, digests)| {
-            let keys = digests.iter().map(|d| ArchivedKey {
-                digest: (d >> 32) as u32,
-                before_day_end: UNKNOWN_TIME,
-            });
-            (day, keys.collect())
-        })
-        .collect()
+/// Format 5's days: each digest's difference from the one before, and no times.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DigestsV5(pub Vec<(Millis, Vec<ArchivedKey>)>);
+
+impl<'de> Deserialize<'de> for DigestsV5 {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_stored::<D, u32>(deserializer).map(DigestsV5)
+    }
+}
+
+impl UntimedDays for DigestsV5 {
+    fn into_keys(self) -> Vec<(Millis, Vec<ArchivedKey>)> {
+        self.0
+    }
+}
+
+/// Format 4's days: 8-byte digests, whole; today's are their first 4 bytes, still sorted.
+impl UntimedDays for Vec<(Millis, Vec<u64>)> {
+    fn into_keys(self) -> Vec<(Millis, Vec<ArchivedKey>)> {
+        self.into_iter()
+            .map(|(day, digests)| {
+                let keys = digests.iter().map(|d| ArchivedKey {
+                    digest: (d >> 32) as u32,
+                    before_day_end: UNKNOWN_TIME,
+                });
+                (day, keys.collect())
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

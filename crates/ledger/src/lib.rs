@@ -59,7 +59,7 @@ pub use scope::{
 };
 pub use state::{
     Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4,
-    SnapshotV5, State, Violation, TERMINAL_RETENTION_MS,
+    SnapshotV5, SnapshotWithDigests, State, Violation, TERMINAL_RETENTION_MS,
 };
 pub use tenant::{ExpiryPolicy, Tenant, TenantStatus};
 pub use time::{format_rfc3339, parse_rfc3339};

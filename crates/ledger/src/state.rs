@@ -208,50 +208,10 @@ pub struct SnapshotData {
     pub archived_keys: Vec<(Millis, Vec<ArchivedKey>)>,
 }
 
-/// The persistent state as format 5 wrote it, with archived reserves' key digests alone:
-/// read from older snapshots (their times are not known, see [`crate::archive::UNKNOWN_TIME`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct SnapshotV5 {
-    pub tenants: Vec<Tenant>,
-    pub api_keys: Vec<ApiKey>,
-    pub budgets: Vec<Budget>,
-    pub policies: Vec<Policy>,
-    pub reservations: Vec<Reservation>,
-    pub idempotency: Vec<(IdemKey, IdemRecord)>,
-    pub webhooks: Vec<WebhookSubscription>,
-    pub webhook_security: Option<WebhookSecurity>,
-    pub deliveries: Vec<Delivery>,
-    pub last_event: u64,
-    pub last_delivery: u64,
-    pub rate_counts: Vec<(RateKey, RateCount)>,
-    #[serde(deserialize_with = "crate::archive::deserialize_v5_days")]
-    pub archived_keys: Vec<(Millis, Vec<ArchivedKey>)>,
-}
-
-impl From<SnapshotV5> for SnapshotData {
-    fn from(v5: SnapshotV5) -> Self {
-        SnapshotData {
-            tenants: v5.tenants,
-            api_keys: v5.api_keys,
-            budgets: v5.budgets,
-            policies: v5.policies,
-            reservations: v5.reservations,
-            idempotency: v5.idempotency,
-            webhooks: v5.webhooks,
-            webhook_security: v5.webhook_security,
-            deliveries: v5.deliveries,
-            last_event: v5.last_event,
-            last_delivery: v5.last_delivery,
-            rate_counts: v5.rate_counts,
-            archived_keys: v5.archived_keys,
-        }
-    }
-}
-
-/// The persistent state as format 4 wrote it, with 8-byte digests of archived reserves'
-/// keys: read from older snapshots (the digests' first 4 bytes are today's).
+/// The persistent state as formats 4 and 5 wrote it: today's, but for how the digests of
+/// archived reserves' keys are stored (`D`), with no times. Read from older snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotV4 {
+pub struct SnapshotWithDigests<D> {
     pub tenants: Vec<Tenant>,
     pub api_keys: Vec<ApiKey>,
     pub budgets: Vec<Budget>,
@@ -264,25 +224,31 @@ pub struct SnapshotV4 {
     pub last_event: u64,
     pub last_delivery: u64,
     pub rate_counts: Vec<(RateKey, RateCount)>,
-    pub archived_keys: Vec<(Millis, Vec<u64>)>,
+    pub archived_keys: D,
 }
 
-impl From<SnapshotV4> for SnapshotData {
-    fn from(v4: SnapshotV4) -> Self {
+/// Format 4: 8-byte digests, whole (their first 4 bytes are today's).
+pub type SnapshotV4 = SnapshotWithDigests<Vec<(Millis, Vec<u64>)>>;
+
+/// Format 5: 4-byte digests, stored as differences.
+pub type SnapshotV5 = SnapshotWithDigests<crate::archive::DigestsV5>;
+
+impl<D: crate::archive::UntimedDays> From<SnapshotWithDigests<D>> for SnapshotData {
+    fn from(old: SnapshotWithDigests<D>) -> Self {
         SnapshotData {
-            tenants: v4.tenants,
-            api_keys: v4.api_keys,
-            budgets: v4.budgets,
-            policies: v4.policies,
-            reservations: v4.reservations,
-            idempotency: v4.idempotency,
-            webhooks: v4.webhooks,
-            webhook_security: v4.webhook_security,
-            deliveries: v4.deliveries,
-            last_event: v4.last_event,
-            last_delivery: v4.last_delivery,
-            rate_counts: v4.rate_counts,
-            archived_keys: crate::archive::from_v4_days(v4.archived_keys),
+            tenants: old.tenants,
+            api_keys: old.api_keys,
+            budgets: old.budgets,
+            policies: old.policies,
+            reservations: old.reservations,
+            idempotency: old.idempotency,
+            webhooks: old.webhooks,
+            webhook_security: old.webhook_security,
+            deliveries: old.deliveries,
+            last_event: old.last_event,
+            last_delivery: old.last_delivery,
+            rate_counts: old.rate_counts,
+            archived_keys: old.archived_keys.into_keys(),
         }
     }
 }
