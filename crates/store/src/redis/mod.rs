@@ -47,7 +47,7 @@ use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreErro
 use jobs::{Barrier, Job, OperationJob};
 use log::Keys;
 pub use log::{Settings, Topology};
-use writer::{Shared, Writer};
+use writer::{Shared, Writer, WriterSeat};
 
 /// Operations queued for the writer, at most; more wait for room.
 const QUEUE_DEPTH: usize = 4096;
@@ -147,7 +147,8 @@ pub struct OpenReport {
 pub struct RedisStore {
     jobs: SyncSender<Box<dyn Job>>,
     shared: Arc<Shared>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    seat: Arc<WriterSeat>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl RedisStore {
@@ -178,24 +179,29 @@ impl RedisStore {
             config.clock.clone(),
         )?;
         let shared = Arc::new(Shared::new(projector, config.clock.clone()));
-        let (mut writer, report) = Writer::open(config, shared.clone())?;
+        let (writer, report) = Writer::open(config, shared.clone())?;
+        let seat = Arc::new(WriterSeat::new(writer));
         let (jobs, queue) = mpsc::sync_channel(QUEUE_DEPTH);
-        let thread = thread::Builder::new()
-            .name("cycles-redis".into())
-            .spawn(move || writer.run(queue))?;
+        let thread = thread::Builder::new().name("cycles-redis".into()).spawn({
+            let seat = seat.clone();
+            move || seat.serve(queue)
+        })?;
         let store = RedisStore {
             jobs,
             shared,
-            writer: Mutex::new(Some(thread)),
+            seat,
+            thread: Mutex::new(Some(thread)),
         };
         Ok((store, report))
     }
 
-    /// Runs an operation on the writer thread and waits for its reply, which comes once
-    /// its records (and everything it saw) are in Redis.
+    /// Runs an operation (on the writer thread, or on the caller's if it is alone) and
+    /// waits for its reply, which comes once its records (and everything it saw) are in
+    /// Redis.
     async fn run<O: Operation>(
         &self,
         operation: O,
+        load: Load,
         context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
         let (answer, rx) = oneshot::channel();
@@ -207,7 +213,7 @@ impl RedisStore {
             audit,
             answer,
         };
-        self.submit(Box::new(job))?;
+        self.submit(Box::new(job), load)?;
         match rx.await {
             Ok(reply) => reply,
             // Dropped unrun: the engine could not take writes.
@@ -215,18 +221,31 @@ impl RedisStore {
         }
     }
 
-    fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
+    /// Hands `job` to the writer; a request that is alone may run it itself (see
+    /// [`WriterSeat`]).
+    fn submit(&self, job: Box<dyn Job>, load: Load) -> Result<(), StoreError> {
         if self.shared.closed() {
             return Err(StoreError::ShuttingDown);
         }
-        self.jobs.send(job).map_err(|_| StoreError::ShuttingDown)
+        let job = match load {
+            Load::Alone => match self.seat.run_alone(job) {
+                None => return Ok(()),
+                Some(job) => job,
+            },
+            Load::Busy => job,
+        };
+        self.seat.queue(true);
+        self.jobs.send(job).map_err(|_| {
+            self.seat.queue(false);
+            StoreError::ShuttingDown
+        })
     }
 
     /// Waits until this instance has read the log to its end (as of now) and handed its
     /// history over, so that a read of the history sees every change acknowledged before.
     async fn caught_up(&self) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.submit(Box::new(Barrier(tx)))?;
+        self.submit(Box::new(Barrier(tx)), Load::Busy)?;
         rx.await.unwrap_or_else(|_| Err(self.shared.unavailable()))
     }
 }
@@ -235,18 +254,18 @@ impl Store for RedisStore {
     async fn execute<O: Operation>(
         &self,
         operation: O,
-        _load: Load,
+        load: Load,
     ) -> Result<Reply<O::Output>, StoreError> {
-        self.run(operation, RequestContext::default()).await
+        self.run(operation, load, RequestContext::default()).await
     }
 
     async fn execute_in<O: Operation>(
         &self,
         operation: O,
-        _load: Load,
+        load: Load,
         context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
-        self.run(operation, context).await
+        self.run(operation, load, context).await
     }
 
     async fn read_history<T, F>(&self, read: F) -> Result<T, StoreError>
@@ -273,7 +292,7 @@ impl Store for RedisStore {
 
     async fn shutdown(&self) {
         self.shared.close();
-        let thread = self.writer.lock().ok().and_then(|mut t| t.take());
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
         let shared = self.shared.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(thread) = thread {
@@ -288,7 +307,7 @@ impl Store for RedisStore {
 impl Drop for RedisStore {
     fn drop(&mut self) {
         self.shared.close();
-        if let Some(thread) = self.writer.get_mut().ok().and_then(Option::take) {
+        if let Some(thread) = self.thread.get_mut().ok().and_then(Option::take) {
             let _ = thread.join();
         }
         self.shared.projector.shutdown();
@@ -389,6 +408,8 @@ pub fn delete_ledger(url: &str, topology: &Topology, namespace: &str) -> io::Res
 pub(crate) struct Counters {
     pub commands: AtomicU64,
     pub rounds: AtomicU64,
+    /// Rounds a request alone in the server ran on its own thread.
+    pub rounds_alone: AtomicU64,
     /// Time spent in appends (the script's round trip), for its mean per round.
     pub append_micros: AtomicU64,
     pub log_bytes: AtomicU64,

@@ -20,7 +20,7 @@
 //! instance that wants it leaves word; the holder gives it up after a round once it has
 //! held it for [`HANDOFF_AFTER`], or when it is idle, so instances take turns in rounds.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -155,6 +155,7 @@ impl Shared {
         vec![
             m("cycles_store_commands_total", "Commands applied to the ledger.", true, get(&c.commands)),
             m("cycles_redis_rounds_total", "Rounds of records appended to the ledger's log in Redis (one script each).", true, get(&c.rounds)),
+            m("cycles_redis_rounds_alone_total", "Rounds a request alone in the server ran on its own thread instead of the writer's (the lease held, nothing queued).", true, get(&c.rounds_alone)),
             m("cycles_redis_append_microseconds_total", "Time spent appending rounds to the log (each one script's round trip): over cycles_redis_rounds_total, the mean append.", true, get(&c.append_micros)),
             m("cycles_redis_log_bytes_total", "Bytes of records appended to the ledger's log.", true, get(&c.log_bytes)),
             m("cycles_redis_records_read_total", "Records other instances appended, read from the log.", true, get(&c.records_read)),
@@ -181,6 +182,92 @@ impl Shared {
             m("cycles_events", "Events in the history store (on disk, not in memory).", false, self.projector.history().event_count()),
             m("cycles_audit_entries", "Audit entries in the history store (on disk, not in memory).", false, self.projector.history().audit_count()),
         ]
+    }
+}
+
+/// The writer, shared by its thread and by a request that is alone in the server.
+///
+/// Rounds run on the writer's thread, which wakes for each queued job and wakes its request
+/// once the round is in Redis. A request that is alone ([`crate::Load::Alone`]) and finds
+/// the writer free, nothing queued and the lease held runs its own round instead, on its
+/// own thread: two wake-ups fewer, as the embedded engine's lone write syncs its own
+/// journal. Rounds never overlap: each runs under the writer's lock.
+pub struct WriterSeat {
+    writer: Mutex<Writer>,
+    /// Jobs sent to the queue and not yet taken into a round: a request alone does not
+    /// pass them.
+    queued: AtomicUsize,
+}
+
+impl WriterSeat {
+    pub fn new(writer: Writer) -> WriterSeat {
+        WriterSeat {
+            writer: Mutex::new(writer),
+            queued: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts a job about to be sent to the queue; `false`: it was not sent after all.
+    pub fn queue(&self, sent: bool) {
+        if sent {
+            self.queued.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Runs `job` in a round of its own on the caller's thread, if that waits for nothing
+    /// (see the type's documentation); gives it back otherwise.
+    pub fn run_alone(&self, job: Box<dyn Job>) -> Option<Box<dyn Job>> {
+        // A poisoned lock (a round panicked) is never used again: the thread stops.
+        let Ok(mut writer) = self.writer.try_lock() else {
+            return Some(job);
+        };
+        if self.queued.load(Ordering::Acquire) > 0 || !writer.ready() {
+            return Some(job);
+        }
+        Counters::add(&writer.shared.counters.rounds_alone, 1);
+        writer.round(vec![job]);
+        writer.publish_gauges();
+        None
+    }
+
+    /// The writer's thread: runs rounds of queued jobs until the store closes.
+    pub fn serve(&self, queue: Receiver<Box<dyn Job>>) {
+        loop {
+            let first = match queue.recv_timeout(IDLE_CHECK) {
+                Ok(job) => Some(job),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let Ok(mut writer) = self.writer.lock() else {
+                break;
+            };
+            let Some(first) = first else {
+                if writer.shared.closed() {
+                    break;
+                }
+                writer.idle();
+                continue;
+            };
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_ROUND_JOBS {
+                match queue.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            // Taken under the lock, so a request alone sees them queued until they run.
+            self.queued.fetch_sub(jobs.len(), Ordering::AcqRel);
+            writer.round(jobs);
+            writer.publish_gauges();
+        }
+        if let Ok(mut writer) = self.writer.lock() {
+            writer.give_up_lease();
+            if let Some(compaction) = writer.compaction.take() {
+                let _ = compaction.join();
+            }
+        }
     }
 }
 
@@ -291,32 +378,14 @@ impl Writer {
         Ok((writer, report))
     }
 
-    /// Runs rounds until the store closes.
-    pub fn run(&mut self, queue: Receiver<Box<dyn Job>>) {
-        loop {
-            let first = match queue.recv_timeout(IDLE_CHECK) {
-                Ok(job) => job,
-                Err(RecvTimeoutError::Timeout) if self.shared.closed() => break,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.idle();
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
-            let mut jobs = vec![first];
-            while jobs.len() < MAX_ROUND_JOBS {
-                match queue.try_recv() {
-                    Ok(job) => jobs.push(job),
-                    Err(_) => break,
-                }
-            }
-            self.round(jobs);
-            self.publish_gauges();
-        }
-        self.give_up_lease();
-        if let Some(compaction) = self.compaction.take() {
-            let _ = compaction.join();
-        }
+    /// Whether a round could run now without waiting: the lease is held (so it waits for no
+    /// other instance), the state is read and Redis answered the last command. A request
+    /// that is alone runs its round on its own thread only then (see [`WriterSeat`]).
+    fn ready(&self) -> bool {
+        self.fatal.is_none()
+            && self.broken.is_none()
+            && self.loaded
+            && self.lease_until.is_some_and(|until| Instant::now() < until)
     }
 
     /// Connects, checks Redis's settings, finds (or, on first start, creates) the ledger and

@@ -58,7 +58,17 @@ fn test_namespace(what: &str) -> String {
     format!("cycles-{what}-{}-{nanos}", std::process::id())
 }
 
-/// Sends the workload to three instances in turn (each compacting the log once it holds
+/// How [`run_workload`] sends its commands to the three instances.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sending {
+    /// Each to the next instance, from a busy server: every command's instance first
+    /// reads what the one before appended.
+    InTurn,
+    /// Two to each instance in turn, the second as a request alone in its server.
+    InPairs,
+}
+
+/// Sends the workload to three instances (each compacting the log once it holds
 /// `snapshot_records` records past the snapshot), checking every answer against the pure
 /// ledger; answers the model state and the compactions the instances made.
 async fn run_workload(
@@ -66,6 +76,7 @@ async fn run_workload(
     namespace: &str,
     clock: &Arc<ManualClock>,
     snapshot_records: u64,
+    sent: Sending,
 ) -> (State, u64) {
     let dirs: Vec<_> = (0..3)
         .map(|_| tempfile::tempdir().expect("temp dir"))
@@ -86,17 +97,30 @@ async fn run_workload(
     for (i, command) in commands.into_iter().enumerate() {
         clock.advance(STEP_MS);
         let expected = command.clone().apply(&mut model, clock.now_ms());
-        let answered = command.execute(&stores[i % stores.len()], Load::Busy).await;
+        let (store, load) = match sent {
+            Sending::InTurn => (&stores[i % stores.len()], Load::Busy),
+            // The second of each pair finds its instance holding the lease, and runs on
+            // the caller's thread.
+            Sending::InPairs => (
+                &stores[(i / 2) % stores.len()],
+                if i % 2 == 1 { Load::Alone } else { Load::Busy },
+            ),
+        };
+        let answered = command.execute(store, load).await;
         assert_eq!(
             answered, expected.result,
             "command {i}: the Redis engine and the ledger disagree"
         );
     }
-    let mut compactions = 0;
+    let (mut compactions, mut alone) = (0, 0);
     for store in stores {
         // Closing waits for a compaction under way.
         store.shutdown().await;
         compactions += metric(&store, "cycles_redis_snapshots_total");
+        alone += metric(&store, "cycles_redis_rounds_alone_total");
+    }
+    if sent == Sending::InPairs {
+        assert!(alone > 50, "{alone} rounds ran on the caller's thread");
     }
     (model, compactions)
 }
@@ -127,7 +151,8 @@ async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
     let Some(url) = redis_url() else { return };
     let namespace = test_namespace("differential");
     let clock = Arc::new(ManualClock::new(T0));
-    let (model, compactions) = run_workload(&url, &namespace, &clock, u64::MAX).await;
+    let (model, compactions) =
+        run_workload(&url, &namespace, &clock, u64::MAX, Sending::InPairs).await;
     assert_eq!(compactions, 0);
     let (snapshot, records) = assert_reads_back(&url, &namespace, &model);
     assert_eq!(snapshot, None);
@@ -189,9 +214,10 @@ async fn a_compacted_ledger_keeps_its_state_and_its_history() {
     let whole = test_namespace("uncompacted");
     let compacted = test_namespace("compacted");
     let clock = Arc::new(ManualClock::new(T0));
-    let (model, none) = run_workload(&url, &whole, &clock, u64::MAX).await;
+    let (model, none) = run_workload(&url, &whole, &clock, u64::MAX, Sending::InTurn).await;
     let clock = Arc::new(ManualClock::new(T0));
-    let (compacted_model, compactions) = run_workload(&url, &compacted, &clock, 20).await;
+    let (compacted_model, compactions) =
+        run_workload(&url, &compacted, &clock, 20, Sending::InTurn).await;
     assert_eq!(none, 0);
     assert!(compactions >= 3, "{compactions} compactions");
     assert!(canonical(&model) == canonical(&compacted_model));
