@@ -1,5 +1,6 @@
-//! The writer thread: it owns the instance's state and its connection to Redis, and runs
-//! operations in rounds.
+//! The writer: it owns the instance's state and its connection to Redis, and runs
+//! operations in rounds, on its own thread or on that of a request alone in the server
+//! ([`WriterSeat`]).
 //!
 //! A round takes every queued operation (up to [`MAX_ROUND_JOBS`]). An instance without the
 //! lease first reads the log to its end and answers those that change nothing (reads,
