@@ -234,11 +234,7 @@ impl RedisStore {
             },
             Load::Busy => job,
         };
-        self.seat.queue(true);
-        self.jobs.send(job).map_err(|_| {
-            self.seat.queue(false);
-            StoreError::ShuttingDown
-        })
+        self.seat.enqueue(&self.jobs, job)
     }
 
     /// Waits until this instance has read the log to its end (as of now) and handed its

@@ -22,7 +22,7 @@
 //! held it for [`HANDOFF_AFTER`], or when it is idle, so instances take turns in rounds.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -208,13 +208,17 @@ impl WriterSeat {
         }
     }
 
-    /// Counts a job about to be sent to the queue; `false`: it was not sent after all.
-    pub fn queue(&self, sent: bool) {
-        if sent {
-            self.queued.fetch_add(1, Ordering::AcqRel);
-        } else {
+    /// Sends `job` to the writer's thread, counted as queued until a round takes it.
+    pub fn enqueue(
+        &self,
+        jobs: &SyncSender<Box<dyn Job>>,
+        job: Box<dyn Job>,
+    ) -> Result<(), StoreError> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        jobs.send(job).map_err(|_| {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-        }
+            StoreError::ShuttingDown
+        })
     }
 
     /// Runs `job` in a round of its own on the caller's thread, if that waits for nothing
