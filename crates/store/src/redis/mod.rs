@@ -213,7 +213,7 @@ impl RedisStore {
             audit,
             answer,
         };
-        self.submit(Box::new(job), load)?;
+        self.submit(Box::new(job), load == Load::Alone)?;
         match rx.await {
             Ok(reply) => reply,
             // Dropped unrun: the engine could not take writes.
@@ -221,20 +221,21 @@ impl RedisStore {
         }
     }
 
-    /// Hands `job` to the writer; a request that is alone may run it itself (see
-    /// [`WriterSeat`]).
-    fn submit(&self, job: Box<dyn Job>, load: Load) -> Result<(), StoreError> {
+    /// Hands `job` to the writer; with `here`, the caller runs it itself if the writer is
+    /// free and need not wait (see [`WriterSeat`]).
+    fn submit(&self, job: Box<dyn Job>, here: bool) -> Result<(), StoreError> {
         if self.shared.closed() {
             return Err(StoreError::ShuttingDown);
         }
-        let job = match load {
-            Load::Alone => match self.seat.run_alone(job) {
-                None => return Ok(()),
-                Some(job) => job,
-            },
-            Load::Busy => job,
+        let job = if here {
+            self.seat.run_alone(job)
+        } else {
+            Some(job)
         };
-        self.seat.enqueue(&self.jobs, job)
+        match job {
+            Some(job) => self.seat.enqueue(&self.jobs, job),
+            None => Ok(()),
+        }
     }
 
     /// Waits until this instance has read the log to its end (as of now) and handed its
@@ -244,7 +245,7 @@ impl RedisStore {
         // Under the lease a barrier's round reads nothing from Redis (the log ends where
         // this instance's state does), so it may run on the caller's thread under any
         // load, if the writer is free.
-        self.submit(Box::new(Barrier(tx)), Load::Alone)?;
+        self.submit(Box::new(Barrier(tx)), true)?;
         rx.await.unwrap_or_else(|_| Err(self.shared.unavailable()))
     }
 }

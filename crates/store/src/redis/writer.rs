@@ -387,10 +387,13 @@ impl Writer {
     /// other instance), the state is read and Redis answered the last command. A request
     /// that is alone runs its round on its own thread only then (see [`WriterSeat`]).
     fn ready(&self) -> bool {
-        self.fatal.is_none()
-            && self.broken.is_none()
-            && self.loaded
-            && self.lease_until.is_some_and(|until| Instant::now() < until)
+        self.fatal.is_none() && self.broken.is_none() && self.loaded && self.lease_held()
+    }
+
+    /// Whether this instance holds the lease, by its own clock (which ends it before
+    /// Redis does).
+    fn lease_held(&self) -> bool {
+        self.lease_until.is_some_and(|until| Instant::now() < until)
     }
 
     /// Connects, checks Redis's settings, finds (or, on first start, creates) the ledger and
@@ -580,8 +583,7 @@ impl Writer {
     /// (they wait for the lease). A holder, a broken Redis or a state not yet read leave
     /// them all to the round.
     fn read_without_lease(&mut self, jobs: Vec<Box<dyn Job>>) -> Vec<Box<dyn Job>> {
-        let held = self.lease_until.is_some_and(|until| Instant::now() < until);
-        if held || self.fatal.is_some() || self.broken.is_some() || !self.loaded {
+        if self.lease_held() || self.fatal.is_some() || self.broken.is_some() || !self.loaded {
             return jobs;
         }
         let caught_up = match self.link.get() {
@@ -754,7 +756,7 @@ impl Writer {
             Counters::add(&self.shared.counters.reloads, 1);
             self.load()?;
         }
-        if self.lease_until.is_some_and(|until| Instant::now() < until) {
+        if self.lease_held() {
             return Ok(());
         }
         let asked = Instant::now();
