@@ -15,8 +15,9 @@ use ::redis::{ConnectionLike, Script, Value};
 use crate::embedded::journal::{read_records, segment_header, JournalRecord};
 
 /// How long an instance's word that it wants the lease lasts unless it asks again (it asks
-/// every millisecond or so while it waits): one that stopped asking (it died, or gave up)
-/// holds the others up no longer than this.
+/// every millisecond or so while it waits, or after each wait for its turn, which is
+/// shorter): one that stopped asking (it died, or gave up) holds the others up no longer
+/// than this. A wake-up token lasts as long.
 const WANT_MS: u64 = 50;
 
 /// Stream entries (rounds) read per `XRANGE` while catching up: a page of large rounds must
@@ -179,6 +180,9 @@ pub struct Keys {
     pub log: String,
     pub lease: String,
     pub want: String,
+    /// A token for the instance whose turn is next, pushed when the holder gives the lease
+    /// up: that instance blocks on it instead of asking again and again.
+    pub turn: String,
     /// The snapshot the log starts after (a hash: its name, version, parts, time, size).
     pub snapshot: String,
     /// Names of snapshots whose parts may be in Redis besides the current one's (being
@@ -198,6 +202,7 @@ impl Keys {
             log: key("log"),
             lease: key("lease"),
             want: key("want"),
+            turn: key("turn"),
             snapshot: key("snapshot"),
             pending: key("snapshot-pending"),
             compacting: key("compacting"),
@@ -222,6 +227,7 @@ impl Keys {
             self.log.clone(),
             self.lease.clone(),
             self.want.clone(),
+            self.turn.clone(),
             self.snapshot.clone(),
             self.pending.clone(),
             self.compacting.clone(),
@@ -298,9 +304,9 @@ impl Default for Scripts {
 pub enum Lease {
     /// Held by this instance; the log is at `version`, and Redis's clock read `redis_ms`.
     Held { version: u64, redis_ms: i64 },
-    /// Held by another for this many more milliseconds (0: free, but another instance's
-    /// turn is next).
-    Busy(u64),
+    /// Held by another for `left_ms` more milliseconds (0: free, but another instance's
+    /// turn is next); `next`: this instance's turn is next (it is woken through `turn`).
+    Busy { left_ms: u64, next: bool },
 }
 
 /// One ledger's log, as one instance sees it.
@@ -398,6 +404,7 @@ impl Log {
             .key(&k.version)
             .key(&k.lease)
             .key(&k.want)
+            .key(&k.turn)
             .arg(&self.holder)
             .arg(lease.as_millis() as u64)
             .arg(WANT_MS)
@@ -407,12 +414,13 @@ impl Log {
                 version: parse_u64(&field::<String>(&reply, 1)?)?,
                 redis_ms: millis(&field::<String>(&reply, 2)?, &field::<String>(&reply, 3)?)?,
             }),
-            "HELD" => Ok(Lease::Busy(
-                field::<String>(&reply, 1)?
+            "HELD" => Ok(Lease::Busy {
+                left_ms: field::<String>(&reply, 1)?
                     .parse::<i64>()
                     .unwrap_or(0)
                     .max(0) as u64,
-            )),
+                next: field::<i64>(&reply, 2)? == 1,
+            }),
             "WIPED" => Err(Refused::Wiped.into()),
             other => Err(LogError::Corrupt(format!("acquire answered {other}"))),
         }
@@ -452,14 +460,30 @@ impl Log {
         }
     }
 
+    /// Gives the lease up, waking the instance whose turn is next.
     pub fn release(&self, conn: &mut Conn) -> Result<(), LogError> {
+        let k = &self.keys;
         let _: i64 = self
             .scripts
             .release
-            .key(&self.keys.lease)
+            .key(&k.lease)
+            .key(&k.want)
+            .key(&k.turn)
             .arg(&self.holder)
+            .arg(WANT_MS)
             .invoke(conn.link())?;
         Ok(())
+    }
+
+    /// Waits, at most `block`, for the holder to give the lease up to this instance, whose
+    /// turn is next; answers whether it did (else the lease may still lapse, or the word
+    /// must be renewed: the caller asks again either way).
+    pub fn await_turn(&self, conn: &mut Conn, block: Duration) -> Result<bool, LogError> {
+        let popped: Option<(String, String)> = ::redis::cmd("BLPOP")
+            .arg(&self.keys.turn)
+            .arg(block.as_millis().max(1) as f64 / 1000.0)
+            .query(conn.link())?;
+        Ok(popped.is_some())
     }
 
     /// Redis's clock, in milliseconds.

@@ -416,6 +416,7 @@ pub(crate) struct Counters {
     pub records_read: AtomicU64,
     pub leases: AtomicU64,
     pub lease_waits: AtomicU64,
+    pub lease_wakes: AtomicU64,
     /// Time spent waiting for another instance to give the lease up.
     pub lease_wait_micros: AtomicU64,
     pub handoffs: AtomicU64,

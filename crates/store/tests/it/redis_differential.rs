@@ -112,13 +112,20 @@ async fn run_workload(
             "command {i}: the Redis engine and the ledger disagree"
         );
     }
-    let (mut compactions, mut alone) = (0, 0);
+    let (mut compactions, mut alone, mut woken) = (0, 0, 0);
     for store in stores {
         // Closing waits for a compaction under way.
         store.shutdown().await;
         compactions += metric(&store, "cycles_redis_snapshots_total");
         alone += metric(&store, "cycles_redis_rounds_alone_total");
+        woken += metric(&store, "cycles_redis_lease_wakes_total");
     }
+    // Every command sent to another instance than the last (all of them in turn, one
+    // pair in two) takes the lease over from an idle holder, which wakes it.
+    assert!(
+        woken > 100,
+        "the instance next in turn was woken {woken} times"
+    );
     if sent == Sending::InPairs {
         assert!(alone > 50, "{alone} rounds ran on the caller's thread");
     }
