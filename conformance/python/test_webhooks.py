@@ -339,7 +339,9 @@ def test_high_latency_is_detected_and_delivered(server: Server, receiver: Receiv
         event = new[0]
         assert event["category"] == "system" and event["data"]["severity"] == "warning", event
         assert event["data"]["details"]["p99_upper_bound_ms"] > 1000, event
-        assert event["data"]["details"]["sample_count"] >= 24, event
+        # At least the detector's minimum (20): a tick may close while the last of the 24
+        # are still finishing, and the event is raised once.
+        assert event["data"]["details"]["sample_count"] >= 20, event
         assert_payloads(new)
         delivered = eventually(lambda: [b for _, b in receiver.received() if b.get("event_id") == event["event_id"]], 10)
         assert len(delivered) == 1, "the event was not delivered"
