@@ -9,10 +9,10 @@
 
 use std::sync::Arc;
 
-use ledger::{ArchiveLookup, Effect, Found, Millis, Operation, Origin, State};
+use ledger::{ArchiveLookup, Archived, Effect, Found, Millis, Operation, Origin, State};
 use tokio::sync::oneshot;
 
-use crate::history::Projector;
+use crate::history::{Item, Projector};
 use crate::{AuditFacts, AuditFn, Reply, StoreError};
 
 /// Answers a job once its records are in the log (or are not).
@@ -31,12 +31,29 @@ pub struct Ctx<'a> {
     pub state: &'a mut State,
     pub now: Millis,
     pub projector: &'a Projector,
+    /// The history of the round's records so far: not in the history store until the
+    /// round is appended.
+    pub round: &'a [(u64, Item)],
 }
 
 impl Ctx<'_> {
-    /// What the history holds for `lookup` (the archive of a reservation the state no
-    /// longer holds), once the history the instance has read is written.
+    /// The archive of a reservation the state no longer holds: one that an earlier job of
+    /// this round archived (the newest), else what the history holds once the history the
+    /// instance has read is written.
     fn archived(&self, lookup: &ArchiveLookup) -> Result<Found, String> {
+        let named = |a: &Archived| match lookup {
+            ArchiveLookup::Reservation(id) => *a.reservation.reservation_id == **id,
+            ArchiveLookup::CreatedBy { tenant, key, .. } => {
+                a.reservation.tenant_id == *tenant && a.reservation.idempotency_key == *key
+            }
+        };
+        let in_round = self.round.iter().rev().find_map(|(_, item)| match item {
+            Item::Archived(a) if named(a) => Some(a.clone()),
+            _ => None,
+        });
+        if in_round.is_some() {
+            return Ok(in_round);
+        }
         self.projector
             .progress()
             .wait_caught_up(crate::history::CATCH_UP);

@@ -551,6 +551,7 @@ impl Writer {
                 state: &mut self.state,
                 now,
                 projector: &self.shared.projector,
+                round: &entries,
             };
             let outcome = job.run(&mut ctx);
             Counters::add(&self.shared.counters.commands, 1);
@@ -609,6 +610,7 @@ impl Writer {
                 state: &mut self.state,
                 now,
                 projector: &self.shared.projector,
+                round: &[],
             };
             match job.read(&mut ctx) {
                 Some(job) => rest.push(job),

@@ -242,7 +242,7 @@ pub(crate) fn reserve_for(party: Party, id: &str, estimate: i64, ttl_ms: Option<
     })
 }
 
-fn commit(id: &str, key: &str, actual: i64) -> Command {
+pub(crate) fn commit(id: &str, key: &str, actual: i64) -> Command {
     commit_by(T, id, key, actual)
 }
 

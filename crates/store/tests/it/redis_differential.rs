@@ -18,8 +18,8 @@ use store::{Clock, Load, ManualClock, Store};
 use proptest::prelude::*;
 
 use crate::recovery::{
-    canonical, commit_by, fund, fund_to, provision, release_by, reserve, reserve_for, workload,
-    Command, Party, STEP_MS, T0,
+    canonical, commit, commit_by, fund, fund_to, provision, release_by, reserve, reserve_for,
+    workload, Command, Party, STEP_MS, T0,
 };
 
 fn redis_url() -> Option<String> {
@@ -164,6 +164,51 @@ async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
     let (snapshot, records) = assert_reads_back(&url, &namespace, &model);
     assert_eq!(snapshot, None);
     assert!(records > 300, "{records} records");
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
+}
+
+/// A commit naming a reservation that the sweep archives in the same round finds its
+/// archive in the round (the round's history reaches the history store only once the round
+/// is appended), so it is refused as finalized, not as unknown. The sweep and the commit
+/// are sent together, many times, so that many pairs share a round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_archived_earlier_in_the_round_is_found() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("same-round");
+    let clock = Arc::new(ManualClock::new(T0));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open(&url, &namespace, clock.clone(), dir.path(), u64::MAX);
+    for command in crate::recovery::provisioning() {
+        assert!(command.execute(&store, Load::Busy).await.is_ok());
+    }
+    let sweep = || {
+        Command::Maintain(ledger::Maintain {
+            limit: 16,
+            archive_after_ms: 0,
+        })
+    };
+    for n in 0..60 {
+        let id = format!("res-round-{n}");
+        let reserved = reserve(&id, 100).execute(&store, Load::Busy).await;
+        assert!(reserved.is_ok(), "{reserved:?}");
+        let committed = commit(&id, &format!("{n}-a"), 40)
+            .execute(&store, Load::Busy)
+            .await;
+        assert!(committed.is_ok(), "{committed:?}");
+        clock.advance(STEP_MS);
+        let second = commit(&id, &format!("{n}-b"), 40);
+        let (swept, refused) = tokio::join!(
+            sweep().execute(&store, Load::Busy),
+            second.execute(&store, Load::Busy)
+        );
+        assert!(swept.is_ok(), "{swept:?}");
+        assert!(
+            matches!(refused, Err(ledger::Rejection::ReservationFinalized { .. })),
+            "pair {n}: {refused:?}"
+        );
+    }
+    store.shutdown().await;
     store::redis::delete_ledger(&url, &Topology::Single, &namespace)
         .expect("delete the test ledger");
 }
