@@ -57,6 +57,20 @@ pub enum ArchiveLookup {
     },
 }
 
+impl ArchiveLookup {
+    /// Whether `archived` is a reservation this lookup names. A key may name several
+    /// archived reservations over time; the lookup's answer is the newest of them.
+    pub fn names(&self, archived: &Archived) -> bool {
+        let r = &archived.reservation;
+        match self {
+            ArchiveLookup::Reservation(id) => *r.reservation_id == **id,
+            ArchiveLookup::CreatedBy { tenant, key, .. } => {
+                r.tenant_id == *tenant && r.idempotency_key == *key
+            }
+        }
+    }
+}
+
 /// What the store found for an [`ArchiveLookup`] (`None`: nothing archived).
 pub type Found = Option<Arc<Archived>>;
 

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use ledger::{ArchiveLookup, Archived, Effect, Found, Millis, Operation, Origin, State};
+use ledger::{ArchiveLookup, Effect, Found, Millis, Operation, Origin, State};
 use tokio::sync::oneshot;
 
 use crate::history::{Item, Projector};
@@ -41,14 +41,8 @@ impl Ctx<'_> {
     /// this round archived (the newest), else what the history holds once the history the
     /// instance has read is written.
     fn archived(&self, lookup: &ArchiveLookup) -> Result<Found, String> {
-        let named = |a: &Archived| match lookup {
-            ArchiveLookup::Reservation(id) => *a.reservation.reservation_id == **id,
-            ArchiveLookup::CreatedBy { tenant, key, .. } => {
-                a.reservation.tenant_id == *tenant && a.reservation.idempotency_key == *key
-            }
-        };
         let in_round = self.round.iter().rev().find_map(|(_, item)| match item {
-            Item::Archived(a) if named(a) => Some(a.clone()),
+            Item::Archived(a) if lookup.names(a) => Some(a.clone()),
             _ => None,
         });
         if in_round.is_some() {

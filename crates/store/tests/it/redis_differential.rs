@@ -340,18 +340,11 @@ impl Model {
     fn apply(&mut self, command: Command, now: i64) -> crate::recovery::Answer {
         let archive = &self.archive;
         let find = |lookup: &ledger::ArchiveLookup| -> ledger::Found {
-            let mut archived = archive.iter();
-            match lookup {
-                ledger::ArchiveLookup::Reservation(id) => archived
-                    .find(|a| &*a.reservation.reservation_id == id)
-                    .cloned(),
-                ledger::ArchiveLookup::CreatedBy { tenant, key, .. } => archived
-                    .filter(|a| {
-                        a.reservation.tenant_id == *tenant && a.reservation.idempotency_key == *key
-                    })
-                    .max_by_key(|a| a.reservation.created_at_ms)
-                    .cloned(),
-            }
+            archive
+                .iter()
+                .filter(|a| lookup.names(a))
+                .max_by_key(|a| a.reservation.created_at_ms)
+                .cloned()
         };
         let applied = command.apply_with(&mut self.state, now, &find);
         for effect in applied.effects {
