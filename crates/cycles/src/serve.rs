@@ -121,6 +121,29 @@ struct RedisArgs {
         default_value_t = store::redis::DEFAULT_SNAPSHOT_RECORDS,
         value_parser = clap::value_parser!(u64).range(1..))]
     redis_snapshot_records: u64,
+    /// The base URL other instances reach this one at (`http://HOST:PORT`). With it, an
+    /// instance hands its writes to the one holding the writer's lease instead of waiting
+    /// for its turn, so the fleet's writes are decided together: give it to every instance.
+    #[arg(long, env = "CYCLES_REDIS_ADVERTISE_URL", value_parser = advertise_url)]
+    redis_advertise_url: Option<String>,
+}
+
+/// A base URL for peers: `http://` a host and a port, nothing after (a final `/` dropped).
+fn advertise_url(text: &str) -> Result<String, String> {
+    let base = text.trim_end_matches('/');
+    let rest = base
+        .strip_prefix("http://")
+        .ok_or("must start with http://")?;
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or("must name a port (http://HOST:PORT)")?;
+    if host.is_empty() || host.contains(['/', '?', '#', '@', ' ']) {
+        return Err("must be http://HOST:PORT, with no path".into());
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(base.to_string()),
+        _ => Err(format!("'{port}' is not a port")),
+    }
 }
 
 /// Bounds on what clients can hold (see the README's "Limits").
@@ -452,6 +475,7 @@ fn open_redis(args: &ServeArgs, retention: Retention) -> anyhow::Result<(store::
     config.lease = Duration::from_millis(r.redis_lease_ms);
     config.replicas = r.redis_replicas;
     config.snapshot_records = r.redis_snapshot_records;
+    config.advertise = r.redis_advertise_url.clone();
     config.retention = retention;
     let opening = std::time::Instant::now();
     let (store, report) = RedisStore::open(config).context("opening the Redis engine")?;
@@ -472,8 +496,12 @@ fn open_redis(args: &ServeArgs, retention: Retention) -> anyhow::Result<(store::
              --admin-api-key and --webhook-keys to each (generated ones are this instance's)"
         );
     }
+    let forwarding = match &r.redis_advertise_url {
+        Some(url) => format!(", writes handed to the lease's holder (this one at {url})"),
+        None => String::new(),
+    };
     let storage = format!(
-        "redis, ledger '{}' at {}, {} durability",
+        "redis, ledger '{}' at {}, {} durability{forwarding}",
         t.redis_namespace,
         redacted(&t.redis_url),
         r.durability().as_str()
@@ -605,4 +633,37 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutting down: finishing in-flight requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertise_url;
+
+    #[test]
+    fn an_advertised_url_is_a_base_url_for_http() {
+        assert_eq!(
+            advertise_url("http://10.0.0.5:7878/").unwrap(),
+            "http://10.0.0.5:7878"
+        );
+        assert_eq!(
+            advertise_url("http://cycles-1:7878").unwrap(),
+            "http://cycles-1:7878"
+        );
+        assert_eq!(
+            advertise_url("http://[::1]:7878").unwrap(),
+            "http://[::1]:7878"
+        );
+        for bad in [
+            "https://a:1",
+            "http://a",
+            "http://:1",
+            "http://a:0",
+            "http://a:99999",
+            "http://a:1/v1",
+            "http://u@a:1",
+            "a:1",
+        ] {
+            assert!(advertise_url(bad).is_err(), "{bad}");
+        }
+    }
 }

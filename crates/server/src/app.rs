@@ -11,6 +11,7 @@ use store::RequestContext;
 use store::{AuditFn, Engine, Reply, Store, StoreError};
 
 use crate::audit::{self, AuditDetail, AuditScope, UnauthenticatedBudget};
+use crate::forward::Forwarder;
 use crate::origin;
 use crate::webhooks::{DispatchCounters, Webhooks};
 
@@ -34,6 +35,8 @@ pub struct App {
     dispatch_counters: Arc<DispatchCounters>,
     bounds: Arc<Bounds>,
     detector: Arc<Detector>,
+    /// Hands writes to the instance holding the Redis engine's lease (`crate::forward`).
+    forwarder: Option<Forwarder>,
 }
 
 impl App {
@@ -47,6 +50,7 @@ impl App {
         detector: Arc<Detector>,
     ) -> Self {
         App {
+            forwarder: Forwarder::new(store.clone()),
             store,
             admin_key: AdminKey::new(admin_api_key),
             load: LoadTracker::default(),
@@ -71,6 +75,12 @@ impl App {
         &self.dispatch_counters
     }
 
+    /// The client that hands writes to the instance holding the Redis engine's lease, when
+    /// this instance does (`--redis-advertise-url`).
+    pub fn forwarder(&self) -> Option<&Forwarder> {
+        self.forwarder.as_ref()
+    }
+
     /// The limits on connections and requests, what they share and how often they bit.
     pub fn bounds(&self) -> &Arc<Bounds> {
         &self.bounds
@@ -93,6 +103,7 @@ impl App {
             Err(Failure {
                 error,
                 tenant: Some(tenant),
+                ..
             }) if error.code.is_denial() => self.detector.decided(tenant, true),
             _ => {}
         }
@@ -176,7 +187,11 @@ impl App {
     /// Writes the entry of an audited request that was answered `error` before its
     /// operation reached the store. The caller is resolved on the way (an operation that
     /// changes nothing carries the entry), so the entry names the tenant and key it can.
-    pub async fn audit_refusal(&self, scope: Arc<AuditScope>, error: ApiError) {
+    ///
+    /// Answers the instance holding the Redis engine's lease if the entry is to be written
+    /// there: the request is then sent to it whole (`crate::forward`), refused there alike,
+    /// and its entry written with its refusal.
+    pub async fn audit_refusal(&self, scope: Arc<AuditScope>, error: ApiError) -> Option<Arc<str>> {
         // With no credential, resolving the admin is the no-op that carries the entry.
         let actor = scope.presented().actor().unwrap_or(Actor::Admin);
         let audit: AuditFn<Principal> = Box::new(move |facts| {
@@ -195,8 +210,13 @@ impl App {
             .store
             .execute_in(Authenticate(actor), load, context)
             .await;
-        if let Err(e) = written {
-            tracing::warn!(error = %e, "the audit entry of a refused request was not written");
+        match written {
+            Ok(_) => None,
+            Err(StoreError::Forward(peer)) => Some(peer),
+            Err(e) => {
+                tracing::warn!(error = %e, "the audit entry of a refused request was not written");
+                None
+            }
         }
     }
 
@@ -256,6 +276,7 @@ impl App {
                 Err(rejection) => Err(Failure {
                     error: ApiError::from_rejection(rejection, plane),
                     tenant: reply.tenant,
+                    forward: None,
                 }),
             },
             Err(StoreError::Unavailable(why)) => Err(ApiError::unavailable(format!(
@@ -272,6 +293,16 @@ impl App {
             Err(StoreError::ShuttingDown) => {
                 Err(ApiError::unavailable("The server is shutting down").into())
             }
+            // Answered by `crate::forward`, which sends the request to that instance; the
+            // error is what a request that could not be sent would be told.
+            Err(StoreError::Forward(peer)) => Err(Failure {
+                error: ApiError::unavailable(
+                    "Another instance writes the ledger now, and the request was not sent to it",
+                )
+                .retry_after(1),
+                tenant: None,
+                forward: Some(peer),
+            }),
         }
     }
 

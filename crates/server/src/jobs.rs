@@ -8,7 +8,8 @@ use ledger::{Maintain, Maintained};
 
 use crate::detector::Detector;
 use crate::task::Background;
-use store::{Engine, Load, Store};
+use store::forwarding::Handing;
+use store::{Engine, Load, Store, StoreError};
 
 /// Work done per maintenance command: bounded, so the ledger lock is never held long. Each
 /// expiry is about as much work as a commit; at 1 000 per command a mass expiry (the holds
@@ -51,15 +52,18 @@ pub fn spawn_sweeper(
             // batch at a time, with requests served in between.
             loop {
                 tokio::task::yield_now().await;
-                let reply = store
-                    .execute(
-                        Maintain {
-                            limit: SWEEP_BATCH,
-                            archive_after_ms,
-                        },
-                        Load::Busy,
-                    )
-                    .await;
+                let maintain = Maintain {
+                    limit: SWEEP_BATCH,
+                    archive_after_ms,
+                };
+                // On the Redis engine, while a peer holds the writer's lease and takes this
+                // instance's writes, its own sweeper does the work: this one does not take
+                // the lease from it.
+                let reply = store::forwarding::allow(
+                    Handing::IfItWrites,
+                    store.execute(maintain, Load::Busy),
+                )
+                .await;
                 match reply.map(|r| r.result) {
                     Ok(Ok(Maintained {
                         expired,
@@ -88,6 +92,7 @@ pub fn spawn_sweeper(
                         tracing::warn!(error = %e, "maintenance refused");
                         break;
                     }
+                    Err(StoreError::Forward(_)) => break,
                     Err(e) => {
                         tracing::warn!(error = %e, "maintenance failed");
                         break;

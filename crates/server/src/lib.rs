@@ -15,7 +15,8 @@
 //!    counters, the sweep's, the limits' and the anomaly detector's.
 //! 3. `conn` (the accept loop, under the limits), `metrics` (the request counters and the
 //!    rendering of `/metrics`), `ratelimit`, `correlation`, `audit` (the audit scope of a
-//!    request and the entries made from it), `origin` (what a request's events carry).
+//!    request and the entries made from it), `origin` (what a request's events carry),
+//!    `forward` (on the Redis engine, requests handed to the instance holding the lease).
 //! 4. What knows nothing of the application: `auth` (credentials), `limits` (the bounds on
 //!    connections, headers, bodies and requests in flight), `load` (requests in flight),
 //!    `jobs` (the expiry sweep: the store and its counters), `detector` (the anomaly
@@ -35,6 +36,7 @@ mod conn;
 pub mod correlation;
 mod dashboard;
 mod detector;
+mod forward;
 mod ids;
 mod jobs;
 mod limits;

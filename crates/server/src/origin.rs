@@ -31,6 +31,11 @@ pub fn current() -> Origin {
         .unwrap_or_default()
 }
 
+/// `read` of the current request's origin; `None` outside a request.
+pub fn with_current<T>(read: impl FnOnce(&RequestOrigin) -> T) -> Option<T> {
+    ORIGIN.try_with(read).ok()
+}
+
 /// Runs `future` (the rest of the request) with `origin`, and gives the correlation back
 /// for the response (moved in and out: no copy, no allocation).
 pub async fn within<F: std::future::Future>(

@@ -19,6 +19,7 @@ use protocol::{ApiError, ErrorCode};
 use sha2::{Digest, Sha256};
 
 use crate::auth::{ADMIN_KEY_HEADER, API_KEY_HEADER};
+use crate::forward::{CountedByPeer, RateCounted};
 use crate::reply::{unix_now_s, Failure, RATE_LIMIT_RESET};
 
 /// Buckets kept at most; past this, full (idle) buckets are dropped first.
@@ -110,9 +111,14 @@ fn credential(request: &Request) -> [u8; 32] {
 const REMAINING_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 
 pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: Next) -> Response {
+    // The instance the client reached has counted it already.
+    if request.extensions().get::<CountedByPeer>().is_some() {
+        return next.run(request).await;
+    }
     match limiter.take(credential(&request), Instant::now()) {
         Verdict::Allowed { remaining } => {
             let mut response = next.run(request).await;
+            response.extensions_mut().insert(RateCounted);
             let headers = response.headers_mut();
             headers.insert(REMAINING_HEADER, HeaderValue::from(remaining));
             headers.insert(RATE_LIMIT_RESET, HeaderValue::from(unix_now_s() + 1));

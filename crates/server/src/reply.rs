@@ -11,11 +11,19 @@ use serde::Serialize;
 /// A `HeaderName` constant: inserting by `&str` would allocate a copy of the name per response.
 pub const TENANT_HEADER: HeaderName = HeaderName::from_static("x-cycles-tenant");
 
+/// On a response: the request was not run here, and is to be sent to the instance at this
+/// base URL (`crate::forward` does, before anything else sees the response).
+#[derive(Debug, Clone)]
+pub struct ForwardTo(pub Arc<str>);
+
 /// An error answer, with the caller's tenant when it is known.
 #[derive(Debug)]
 pub struct Failure {
     pub error: ApiError,
     pub tenant: Option<Arc<str>>,
+    /// Nothing was run: the request is to be sent to the instance at this base URL, which
+    /// holds the Redis engine's lease (`crate::forward`).
+    pub forward: Option<Arc<str>>,
 }
 
 impl From<ApiError> for Failure {
@@ -23,6 +31,7 @@ impl From<ApiError> for Failure {
         Failure {
             error,
             tenant: None,
+            forward: None,
         }
     }
 }
@@ -41,6 +50,9 @@ impl IntoResponse for Failure {
         }
         // The correlation layer writes the body, with the request's ids.
         response.extensions_mut().insert(self.error);
+        if let Some(peer) = self.forward {
+            response.extensions_mut().insert(ForwardTo(peer));
+        }
         with_tenant(response, self.tenant.as_deref())
     }
 }

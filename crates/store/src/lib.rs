@@ -7,6 +7,7 @@
 
 mod clock;
 pub mod embedded;
+pub mod forwarding;
 pub mod history;
 pub mod redis;
 
@@ -80,6 +81,11 @@ pub enum StoreError {
     /// The store is shutting down.
     #[error("storage is shutting down")]
     ShuttingDown,
+    /// Nothing was run here: another instance of the ledger holds its writer's lease, at
+    /// this base URL, and the request is to be sent there ([`forwarding`]). Only for a
+    /// request that allowed it.
+    #[error("another instance writes the ledger now: {0}")]
+    Forward(Arc<str>),
 }
 
 /// The store's health, for readiness probes.
@@ -165,6 +171,23 @@ impl From<RedisStore> for Engine {
 impl From<EmbeddedStore> for Engine {
     fn from(store: EmbeddedStore) -> Self {
         Engine::Embedded(store)
+    }
+}
+
+impl Engine {
+    /// The secret this ledger's instances present when they hand each other a request
+    /// (`--redis-advertise-url`), once the engine has read it; none on the embedded engine.
+    pub fn peer_secret(&self) -> Option<Arc<str>> {
+        match self {
+            Engine::Embedded(_) => None,
+            Engine::Redis(store) => store.peer_secret(),
+        }
+    }
+
+    /// Whether a write may be answered [`StoreError::Forward`] (the Redis engine, with an
+    /// address for its peers).
+    pub fn forwards(&self) -> bool {
+        matches!(self, Engine::Redis(store) if store.forwards())
     }
 }
 

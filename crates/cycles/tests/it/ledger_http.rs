@@ -36,6 +36,19 @@ pub async fn call(
     who: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
+    try_call(http, base, path, who, body)
+        .await
+        .unwrap_or_else(|e| panic!("{path}: no answer: {e}"))
+}
+
+/// [`call`], with the error if no answer came (the server is gone, say).
+pub async fn try_call(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    who: Option<&str>,
+    body: Option<Value>,
+) -> Result<(u16, Value), reqwest::Error> {
     let url = format!("{base}{path}");
     let mut req = match &body {
         Some(_) => http.post(url),
@@ -48,16 +61,13 @@ pub async fn call(
     if let Some(body) = body {
         req = req.json(&body);
     }
-    let resp = req
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{path}: no answer: {e}"));
+    let resp = req.send().await?;
     let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    (
+    let text = resp.text().await?;
+    Ok((
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    ))
 }
 
 /// A tenant with an API key and the given budgets (scope, allocated); answers the key's

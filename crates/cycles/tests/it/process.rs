@@ -104,7 +104,7 @@ impl Server {
     }
 
     /// Starts the server with `args` after the common ones (see [`Server::start`]) and waits
-    /// until `probe` answers 200.
+    /// until `probe` answers 200. `{port}` in an argument is the port it listens on.
     async fn start_with(data_dir: &Path, logs: &Path, args: &[&str], probe: &str) -> Server {
         let http = client();
         for attempt in 0..3 {
@@ -117,7 +117,7 @@ impl Server {
                 .arg(data_dir)
                 .args(["--admin-api-key", ADMIN_KEY, "--log", "info"])
                 .args(["--sweep-interval-ms", "100"])
-                .args(args)
+                .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
                 .stdout(Stdio::null())
                 .stderr(File::create(&log).expect("log file"))
                 .spawn()

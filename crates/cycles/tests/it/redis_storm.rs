@@ -5,16 +5,23 @@
 //! every instance reports the same balances, and they reconcile exactly with what the
 //! clients were told.
 //!
+//! With `--redis-advertise-url`, instances hand their writes to the one holding the lease:
+//! the same storm must come out the same, and a holder killed mid-storm must cost its
+//! clients nothing but retries the protocol allows (503, then the same idempotency key).
+//!
 //! Needs a Redis: `CYCLES_TEST_REDIS_URL`, and a Redis Cluster for the shared budget on
 //! one: `CYCLES_TEST_REDIS_CLUSTER_URL` (`.ci/run` sets both); without them the tests pass
 //! without running, saying so.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::ledger_http::{assert_redis_ledger_ok, call, namespace, provision, redis_url, topology};
+use crate::ledger_http::{
+    assert_redis_ledger_ok, call, namespace, provision, redis_url, topology, try_call,
+};
 use crate::process::{client, RedisServe, Server};
 
 const INSTANCES: usize = 3;
@@ -40,9 +47,49 @@ struct Told {
     unexpected: Vec<(u16, Value)>,
 }
 
+/// How a client takes a 503 or no answer at all.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Patience {
+    /// Never expected: told as unexpected (a 503), or the test fails (no answer).
+    None,
+    /// An instance may die: the same request (same idempotency key) is sent to the next
+    /// instance, as a client behind a load balancer would, for up to about 10 s.
+    Retry,
+}
+
+/// Sends a request to the next instance in turn, as `patience` says.
+async fn ask(
+    http: &reqwest::Client,
+    next: &mut impl FnMut() -> String,
+    path: &str,
+    key: &str,
+    body: Value,
+    patience: Patience,
+) -> (u16, Value) {
+    if patience == Patience::None {
+        return call(http, &next(), path, Some(key), Some(body)).await;
+    }
+    let mut last = None;
+    for _ in 0..200 {
+        match try_call(http, &next(), path, Some(key), Some(body.clone())).await {
+            Ok((503, reply)) => last = Some((503, reply)),
+            Ok(answer) => return answer,
+            Err(e) => last = Some((0, Value::String(e.to_string()))),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    last.expect("tried")
+}
+
 /// One client: reserve → commit (or release, one time in five), each call to the next
 /// instance in turn.
-async fn lifecycles(bases: Arc<Vec<String>>, key: String, subject: Value, name: String) -> Told {
+async fn lifecycles(
+    bases: Arc<Vec<String>>,
+    key: String,
+    subject: Value,
+    name: String,
+    patience: Patience,
+) -> Told {
     let http = client();
     let mut told = Told::default();
     let mut turn = name.len();
@@ -57,8 +104,7 @@ async fn lifecycles(bases: Arc<Vec<String>>, key: String, subject: Value, name: 
             "action": {"kind": "llm.completion", "name": "model"},
             "estimate": {"unit": UNIT, "amount": ESTIMATE},
         });
-        let (status, reply) =
-            call(&http, &next(), "/v1/reservations", Some(&key), Some(body)).await;
+        let (status, reply) = ask(&http, &mut next, "/v1/reservations", &key, body, patience).await;
         if status == 409 && reply["error"] == "BUDGET_EXCEEDED" {
             told.refusals += 1;
             continue;
@@ -82,7 +128,7 @@ async fn lifecycles(bases: Arc<Vec<String>>, key: String, subject: Value, name: 
             ("commit", body)
         };
         let url = format!("/v1/reservations/{id}/{path}");
-        let (status, reply) = call(&http, &next(), &url, Some(&key), Some(body)).await;
+        let (status, reply) = ask(&http, &mut next, &url, &key, body, patience).await;
         match (status, path) {
             (200, "commit") => {
                 told.charged += reply["charged"]["amount"].as_i64().expect("charged")
@@ -155,8 +201,85 @@ async fn assert_every_instance_wrote(bases: &[String]) {
     );
 }
 
+/// One counter of `/metrics` on each of `bases`.
+async fn counters(bases: &[String], name: &str) -> Vec<u64> {
+    let http = client();
+    let mut values = Vec::new();
+    for base in bases {
+        let (status, text) = call(&http, base, "/metrics", None, None).await;
+        assert_eq!(status, 200);
+        let text = text.as_str().expect("metrics text").to_string();
+        values.push(
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("{name} not on /metrics")),
+        );
+    }
+    values
+}
+
+/// Instances handed their writes to the holder, and none of those was lost.
+async fn assert_writes_were_handed_on(bases: &[String]) {
+    let sent: u64 = counters(bases, "cycles_forward_sent_total")
+        .await
+        .iter()
+        .sum();
+    let lost: u64 = counters(bases, "cycles_forward_lost_total")
+        .await
+        .iter()
+        .sum();
+    assert!(sent > 100, "only {sent} requests were handed to the holder");
+    assert_eq!(lost, 0, "requests handed on went unanswered");
+}
+
+/// An audited write sent to each instance is audited under the request id its client was
+/// answered with, whichever instance ran it (the holder takes it from the peer that handed
+/// it on); peer headers a client makes up, without the ledger's secret, are ignored.
+async fn assert_audit_follows_each_request(bases: &[String]) {
+    let http = client();
+    let sent = |v: Vec<u64>| v.iter().sum::<u64>();
+    let sent_before = sent(counters(bases, "cycles_forward_sent_total").await);
+    let mut answered = Vec::new();
+    for (i, base) in bases.iter().enumerate() {
+        let resp = http
+            .post(format!("{base}/v1/admin/tenants"))
+            .header("X-Admin-API-Key", crate::process::ADMIN_KEY)
+            .header("x-cycles-peer", "not-the-secret")
+            .header("x-cycles-peer-request-id", "made-up")
+            .json(&json!({"tenant_id": format!("audited-{i}"), "name": "audited"}))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(resp.status(), 201);
+        let id = resp.headers()["x-request-id"].to_str().expect("ascii");
+        answered.push(id.to_string());
+    }
+    let (status, page) = call(
+        &http,
+        &bases[0],
+        "/v1/admin/audit/logs?operation=createTenant&limit=50",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let audited: Vec<&str> = page["logs"]
+        .as_array()
+        .expect("logs")
+        .iter()
+        .filter_map(|e| e["request_id"].as_str())
+        .collect();
+    for id in &answered {
+        assert!(audited.contains(&id.as_str()), "{id} not in {audited:?}");
+    }
+    assert!(!audited.contains(&"made-up"));
+    let sent_after = sent(counters(bases, "cycles_forward_sent_total").await);
+    assert!(sent_after > sent_before, "no audited write was handed on");
+}
+
 struct Fleet {
     servers: Vec<Server>,
+    writes: Writes,
     bases: Arc<Vec<String>>,
     url: String,
     cluster: bool,
@@ -176,8 +299,23 @@ impl Drop for Fleet {
     }
 }
 
-/// `INSTANCES` servers on a new ledger named after `name`.
-async fn fleet(url: String, cluster: bool, name: &str) -> Fleet {
+/// How the fleet's instances write.
+#[derive(Clone, Copy, PartialEq)]
+enum Writes {
+    /// Each waits for the lease in turn.
+    Turns,
+    /// Each hands its writes to the holder (`--redis-advertise-url`).
+    Forwarded,
+}
+
+/// `INSTANCES` servers on a new ledger named after `name`, `extra` given to each.
+async fn fleet(
+    url: String,
+    cluster: bool,
+    name: &str,
+    writes: Writes,
+    extra: &[&'static str],
+) -> Fleet {
     let namespace = namespace(&format!("storm-{name}"));
     let mut servers = Vec::new();
     let mut dirs = Vec::new();
@@ -188,12 +326,23 @@ async fn fleet(url: String, cluster: bool, name: &str) -> Fleet {
         // Compactions run all through the storm (it appends a few thousand records), so
         // instances also read the ledger back from snapshots they did not write.
         redis.extra = vec!["--redis-snapshot-records", "200"];
+        if writes == Writes::Forwarded {
+            // A holder killed holds the others up for this long, at most.
+            redis.extra.extend([
+                "--redis-advertise-url",
+                "http://127.0.0.1:{port}",
+                "--redis-lease-ms",
+                "500",
+            ]);
+        }
+        redis.extra.extend(extra);
         servers.push(Server::start_redis(&data, dir.path(), &redis).await);
         dirs.push(dir);
     }
     let bases = Arc::new(servers.iter().map(|s| s.base.clone()).collect());
     Fleet {
         servers,
+        writes,
         bases,
         url,
         cluster,
@@ -203,19 +352,34 @@ async fn fleet(url: String, cluster: bool, name: &str) -> Fleet {
 }
 
 async fn storm(fleet: &Fleet, key: &str, subject_of: impl Fn(usize) -> Value) -> Vec<Told> {
-    let tasks: Vec<_> = (0..CLIENTS)
+    let clients = start_clients(&fleet.bases, key, subject_of, Patience::None);
+    collect(clients).await
+}
+
+fn start_clients(
+    bases: &Arc<Vec<String>>,
+    key: &str,
+    subject_of: impl Fn(usize) -> Value,
+    patience: Patience,
+) -> Vec<tokio::task::JoinHandle<Told>> {
+    (0..CLIENTS)
         .map(|c| {
             let task = lifecycles(
-                fleet.bases.clone(),
+                bases.clone(),
                 key.to_string(),
                 subject_of(c),
                 format!("client{c}"),
+                patience,
             );
             tokio::spawn(task)
         })
-        .collect();
+        .collect()
+}
+
+/// Every client's account; none may have seen an answer the protocol does not allow.
+async fn collect(clients: Vec<tokio::task::JoinHandle<Told>>) -> Vec<Told> {
     let mut told = Vec::new();
-    for task in tasks {
+    for task in clients {
         told.push(task.await.expect("client"));
     }
     for t in &told {
@@ -233,7 +397,67 @@ async fn instances_sharing_one_budget_never_oversubscribe_it() {
     let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
         return;
     };
-    shared_budget_storm(fleet(url, false, "shared").await).await;
+    shared_budget_storm(fleet(url, false, "shared", Writes::Turns, &[]).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_handing_writes_to_the_holder_never_oversubscribe_one_budget() {
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    shared_budget_storm(fleet(url, false, "forwarded", Writes::Forwarded, &[]).await).await;
+}
+
+/// A key's rate limit holds for writes handed to the holder: counted once, by the instance
+/// that ran the limit (the one the client reached, or the holder for a request sent there
+/// straight away), never by neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_handed_to_the_holder_keep_their_rate_limit() {
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    let limit = ["--rate-limit-per-second", "1", "--rate-limit-burst", "5"];
+    let fleet = fleet(url, false, "limited", Writes::Forwarded, &limit).await;
+    let budgets = [("tenant:storm".to_string(), SHARED_ALLOCATED)];
+    // Through the first instance, which takes the lease.
+    let key = provision(&fleet.bases[0], "storm", &budgets, UNIT).await;
+    let http = client();
+    let sent_before: u64 = counters(&fleet.bases, "cycles_forward_sent_total")
+        .await
+        .iter()
+        .sum();
+    let (mut held, mut limited) = (0, 0);
+    for n in 0..12 {
+        let body = json!({
+            "idempotency_key": format!("limited-{n}"),
+            "subject": {"tenant": "storm"},
+            "action": {"kind": "llm.completion", "name": "model"},
+            "estimate": {"unit": UNIT, "amount": ESTIMATE},
+        });
+        let (status, reply) = call(
+            &http,
+            &fleet.bases[1],
+            "/v1/reservations",
+            Some(&key),
+            Some(body),
+        )
+        .await;
+        match status {
+            200 => held += 1,
+            429 => limited += 1,
+            _ => panic!("{status}: {reply}"),
+        }
+    }
+    let sent_after: u64 = counters(&fleet.bases, "cycles_forward_sent_total")
+        .await
+        .iter()
+        .sum();
+    assert!(sent_after > sent_before, "no write was handed on");
+    assert!(limited > 0, "12 writes in a burst of 5 were never limited");
+    assert!(
+        (5..=8).contains(&held),
+        "{held} writes allowed, in a burst of 5 at 1/s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -241,13 +465,28 @@ async fn instances_on_a_redis_cluster_share_one_budget_exactly() {
     let Some(url) = redis_url("CYCLES_TEST_REDIS_CLUSTER_URL") else {
         return;
     };
-    shared_budget_storm(fleet(url, true, "cluster").await).await;
+    shared_budget_storm(fleet(url, true, "cluster", Writes::Turns, &[]).await).await;
 }
 
 async fn shared_budget_storm(fleet: Fleet) {
+    let writes = fleet.writes;
     let budgets = [("tenant:storm".to_string(), SHARED_ALLOCATED)];
     let key = provision(&fleet.bases[0], "storm", &budgets, UNIT).await;
     let told = storm(&fleet, &key, |_| json!({"tenant": "storm"})).await;
+    assert_shared_budget_exact(&fleet.bases, &key, &told).await;
+    match writes {
+        Writes::Turns => assert_every_instance_wrote(&fleet.bases).await,
+        Writes::Forwarded => {
+            assert_writes_were_handed_on(&fleet.bases).await;
+            assert_audit_follows_each_request(&fleet.bases).await;
+        }
+    }
+    assert_redis_ledger_ok(&fleet.url, fleet.cluster, &fleet.namespace);
+}
+
+/// The shared budget was run dry, never oversubscribed, and every instance (of `bases`)
+/// reports exactly what the clients were told.
+async fn assert_shared_budget_exact(bases: &[String], key: &str, told: &[Told]) {
     let charged: i64 = told.iter().map(|t| t.charged).sum();
     let holds: usize = told.iter().map(|t| t.holds).sum();
     let refusals: usize = told.iter().map(|t| t.refusals).sum();
@@ -259,7 +498,7 @@ async fn shared_budget_storm(fleet: Fleet) {
         holds >= (SHARED_ALLOCATED / ESTIMATE) as usize,
         "holds {holds}"
     );
-    let views = balance(&fleet.bases, &key, "tenant=storm").await;
+    let views = balance(bases, key, "tenant=storm").await;
     for view in &views {
         assert_eq!(view, &views[0], "every instance reports the same balance");
     }
@@ -272,7 +511,53 @@ async fn shared_budget_storm(fleet: Fleet) {
     );
     assert_eq!(remaining, allocated - spent);
     assert!(remaining >= 0);
-    assert_every_instance_wrote(&fleet.bases).await;
+}
+
+/// The instance holding the lease is killed (SIGKILL) while the others hand it the storm's
+/// writes: they find it gone, take the lease once it lapses, and every client's lifecycles
+/// finish with answers the protocol allows (a 503 or no answer is retried elsewhere with
+/// the same idempotency key), the budget exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_killed_while_writes_are_handed_to_it_loses_nothing() {
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    let mut fleet = fleet(url, false, "holder-killed", Writes::Forwarded, &[]).await;
+    let budgets = [("tenant:storm".to_string(), SHARED_ALLOCATED)];
+    let key = provision(&fleet.bases[0], "storm", &budgets, UNIT).await;
+    let clients = start_clients(
+        &fleet.bases,
+        &key,
+        |_| json!({"tenant": "storm"}),
+        Patience::Retry,
+    );
+    // Once writes are being handed to an instance holding the lease, it is killed.
+    let mut holder = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held = counters(&fleet.bases, "cycles_redis_lease_held").await;
+        let sent = counters(&fleet.bases, "cycles_forward_sent_total").await;
+        if sent.iter().sum::<u64>() > 0 {
+            holder = held.iter().position(|&h| h == 1);
+            if holder.is_some() {
+                break;
+            }
+        }
+    }
+    let holder = holder.expect("writes handed to an instance holding the lease");
+    fleet.servers.remove(holder).kill();
+    let survivors: Vec<String> = (0..INSTANCES)
+        .filter(|&i| i != holder)
+        .map(|i| fleet.bases[i].clone())
+        .collect();
+    let told = collect(clients).await;
+    assert_shared_budget_exact(&survivors, &key, &told).await;
+    let unreachable = counters(&survivors, "cycles_forward_unreachable_total").await;
+    let lost = counters(&survivors, "cycles_forward_lost_total").await;
+    assert!(
+        unreachable.iter().chain(&lost).sum::<u64>() > 0,
+        "the survivors never found the holder gone: the kill came after the storm"
+    );
     assert_redis_ledger_ok(&fleet.url, fleet.cluster, &fleet.namespace);
 }
 
@@ -281,7 +566,7 @@ async fn instances_keep_every_clients_own_budget_exact() {
     let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
         return;
     };
-    let fleet = fleet(url, false, "isolated").await;
+    let fleet = fleet(url, false, "isolated", Writes::Turns, &[]).await;
     let scope = |c: usize| format!("tenant:iso/workspace:w{c}");
     let budgets: Vec<(String, i64)> = (0..CLIENTS).map(|c| (scope(c), OWN_ALLOCATED)).collect();
     let key = provision(&fleet.bases[0], "iso", &budgets, UNIT).await;

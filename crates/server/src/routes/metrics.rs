@@ -48,7 +48,7 @@ pub async fn observe(app: &App, request: Request, next: Next) -> Response {
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ConnectInfo(peer)| peer.ip());
             match bounds.shares.enter(request.headers(), peer) {
-                Some(_share) => next.run(request).await,
+                Some(_share) => crate::forward::run(app.forwarder(), request, next).await,
                 None => {
                     LimitCounters::count(&bounds.counters.shed_per_key);
                     over_share(bounds.limits.max_in_flight_per_key)
@@ -189,6 +189,9 @@ pub async fn metrics(State(app): State<Arc<App>>, Headers(headers): Headers) -> 
         value: dispatch.failed_attempts.load(std::sync::atomic::Ordering::Relaxed),
     });
     counters.extend(limit_metrics(&app.bounds().counters));
+    if let Some(forwarder) = app.forwarder() {
+        counters.extend(crate::forward::metrics(&forwarder.counters));
+    }
     let detector = app.detector();
     counters.push(store::Metric {
         name: "cycles_anomaly_ticks_total",

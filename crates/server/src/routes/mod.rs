@@ -39,6 +39,7 @@ use crate::dashboard::{self, Dashboard};
 use crate::openapi;
 use crate::origin::RequestOrigin;
 use crate::ratelimit::{self, Limiter, RateLimit};
+use crate::reply::ForwardTo;
 
 pub fn router(
     app: Arc<App>,
@@ -76,7 +77,10 @@ pub fn operations() -> OpenApiRouter<Arc<App>> {
 /// the request metrics ([`metrics`]). One middleware, not one per concern: each `from_fn`
 /// layer costs every request a boxed service and a boxed future.
 async fn every_request(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
-    let correlation = Correlation::of(request.headers());
+    let mut correlation = Correlation::of(request.headers());
+    if let Some(forwarder) = app.forwarder() {
+        forwarder.accept(&mut request, &mut correlation);
+    }
     if crate::audit::applies(request.method(), request.uri().path(), request.headers()) {
         request.extensions_mut().insert(AuditIds {
             request_id: correlation.request_id.clone(),
@@ -148,7 +152,8 @@ async fn audited(
     let scope = Arc::new(AuditScope::new(operation, facts));
     let response = crate::audit::within(scope.clone(), next.run(request)).await;
     let status = response.status();
-    if scope.written() {
+    // Handed to another instance (`crate::forward`), which writes the entry.
+    if scope.written() || response.extensions().get::<ForwardTo>().is_some() {
         return response;
     }
     if status.is_success() {
@@ -161,7 +166,11 @@ async fn audited(
             .get::<protocol::ApiError>()
             .cloned()
             .unwrap_or_else(|| correlation::framework_error(status));
-        app.audit_refusal(scope, error).await;
+        if let Some(peer) = app.audit_refusal(scope, error).await {
+            let mut response = response;
+            response.extensions_mut().insert(ForwardTo(peer));
+            return response;
+        }
     }
     response
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use ledger::{ArchiveLookup, Effect, Found, Millis, Operation, Origin, State};
 use tokio::sync::oneshot;
 
+use crate::forwarding::Handing;
 use crate::history::{Item, Projector};
 use crate::{AuditFacts, AuditFn, Reply, StoreError};
 
@@ -66,6 +67,11 @@ pub trait Job: Send {
 
     /// Applies the job under the lease.
     fn run(self: Box<Self>, ctx: &mut Ctx<'_>) -> Outcome;
+
+    /// Answers the job with the address of `peer`, the lease's holder, if its request may
+    /// be sent there ([`StoreError::Forward`]): `untried`, before it has been tried here,
+    /// only if its request allows that ([`Handing::Always`]). Gives it back otherwise.
+    fn forward(self: Box<Self>, peer: &Arc<str>, untried: bool) -> Option<Box<dyn Job>>;
 }
 
 /// The answer an operation's request waits for.
@@ -74,6 +80,9 @@ pub type Answer<T> = oneshot::Sender<Result<Reply<T>, StoreError>>;
 /// One operation of a request.
 pub struct OperationJob<O: Operation> {
     pub operation: O,
+    /// Whether, and when, its request may be sent to the lease's holder instead
+    /// ([`crate::forwarding`]).
+    pub forwardable: Option<Handing>,
     /// The request's origin, for the events the operation emits.
     pub origin: Origin,
     pub audit: Option<AuditFn<O::Output>>,
@@ -129,6 +138,7 @@ impl<O: Operation> Job for OperationJob<O> {
         };
         let OperationJob {
             operation,
+            forwardable: _,
             origin,
             audit,
             answer,
@@ -158,6 +168,19 @@ impl<O: Operation> Job for OperationJob<O> {
             })),
         }
     }
+
+    fn forward(self: Box<Self>, peer: &Arc<str>, untried: bool) -> Option<Box<dyn Job>> {
+        let handed = match self.forwardable {
+            Some(Handing::Always) => true,
+            Some(Handing::IfItWrites) => !untried,
+            None => false,
+        };
+        if !handed {
+            return Some(self);
+        }
+        let _ = self.answer.send(Err(StoreError::Forward(peer.clone())));
+        None
+    }
 }
 
 /// Answered once the instance has read the log to its end (and handed its history over).
@@ -167,6 +190,10 @@ impl Job for Barrier {
     fn read(self: Box<Self>, _: &mut Ctx<'_>) -> Option<Box<dyn Job>> {
         let _ = self.0.send(Ok(()));
         None
+    }
+
+    fn forward(self: Box<Self>, _: &Arc<str>, _: bool) -> Option<Box<dyn Job>> {
+        Some(self)
     }
 
     fn run(self: Box<Self>, _: &mut Ctx<'_>) -> Outcome {

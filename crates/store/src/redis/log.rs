@@ -190,6 +190,9 @@ pub struct Keys {
     pub pending: String,
     /// The compactor's lock: one instance compacts at a time.
     pub compacting: String,
+    /// The secret an instance proves it is one of the ledger's when it hands a request to
+    /// the lease's holder (written once, by the first instance to look for it).
+    pub peers: String,
 }
 
 impl Keys {
@@ -206,6 +209,7 @@ impl Keys {
             snapshot: key("snapshot"),
             pending: key("snapshot-pending"),
             compacting: key("compacting"),
+            peers: key("peers"),
         }
     }
 
@@ -231,6 +235,7 @@ impl Keys {
             self.snapshot.clone(),
             self.pending.clone(),
             self.compacting.clone(),
+            self.peers.clone(),
         ];
         keys.extend(super::compaction::HistoryKind::ALL.map(|k| self.history(k.name())));
         keys
@@ -492,12 +497,28 @@ impl Log {
         millis(&seconds, &micros)
     }
 
-    /// The log's version: the last sequence number in it.
-    pub fn version(&self, conn: &mut Conn) -> Result<u64, LogError> {
-        let v: Option<String> = ::redis::cmd("GET")
+    /// The log's version (the last sequence number in it), and who holds the lease, if
+    /// anyone does (both keys share the slot, so one command reads them on a Cluster too).
+    pub fn version_and_holder(&self, conn: &mut Conn) -> Result<(u64, Option<String>), LogError> {
+        let (version, holder): (Option<String>, Option<String>) = ::redis::cmd("MGET")
             .arg(&self.keys.version)
+            .arg(&self.keys.lease)
             .query(conn.link())?;
-        v.map_or(Ok(0), |v| parse_u64(&v))
+        Ok((version.map_or(Ok(0), |v| parse_u64(&v))?, holder))
+    }
+
+    /// The ledger's secret among its instances (see [`Keys::peers`]), made `new` if it has
+    /// none yet.
+    pub fn peer_secret(&self, conn: &mut Conn, new: &str) -> Result<String, LogError> {
+        let _: Option<String> = ::redis::cmd("SET")
+            .arg(&self.keys.peers)
+            .arg(new)
+            .arg("NX")
+            .query(conn.link())?;
+        let secret: Option<String> = ::redis::cmd("GET")
+            .arg(&self.keys.peers)
+            .query(conn.link())?;
+        secret.ok_or_else(|| LogError::Corrupt("the ledger's peer secret vanished".into()))
     }
 
     /// Reads every record after `after`, in order, up to the log's end as of the read;

@@ -41,6 +41,7 @@ use std::time::Duration;
 use ledger::Operation;
 use tokio::sync::oneshot;
 
+use crate::forwarding::Handing;
 use crate::history::{History, Projector, Retention};
 use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
 
@@ -101,6 +102,10 @@ pub struct RedisConfig {
     /// Records the log holds past its snapshot before a compaction replaces them (and how
     /// many an instance replays to start, at most, beyond those appended meanwhile).
     pub snapshot_records: u64,
+    /// The base URL this instance's peers reach its HTTP server at. With it, the instance
+    /// names it in its lease, and hands its writes to a peer that holds the lease instead
+    /// of waiting for it (see [`writer`]'s forwarding); without it, it waits its turn.
+    pub advertise: Option<String>,
 }
 
 /// The defaults of [`RedisConfig`]'s timings.
@@ -128,6 +133,7 @@ impl RedisConfig {
             clock_from_redis: true,
             retention: Retention::default(),
             snapshot_records: DEFAULT_SNAPSHOT_RECORDS,
+            advertise: None,
         }
     }
 }
@@ -145,6 +151,8 @@ pub struct OpenReport {
 }
 
 pub struct RedisStore {
+    /// Whether writes are handed to a peer holding the lease ([`RedisConfig::advertise`]).
+    forwards: bool,
     jobs: SyncSender<Box<dyn Job>>,
     shared: Arc<Shared>,
     seat: Arc<WriterSeat>,
@@ -179,6 +187,7 @@ impl RedisStore {
             config.clock.clone(),
         )?;
         let shared = Arc::new(Shared::new(projector, config.clock.clone()));
+        let forwards = config.advertise.is_some();
         let (writer, report) = Writer::open(config, shared.clone())?;
         let seat = Arc::new(WriterSeat::new(writer));
         let (jobs, queue) = mpsc::sync_channel(QUEUE_DEPTH);
@@ -187,6 +196,7 @@ impl RedisStore {
             move || seat.serve(queue)
         })?;
         let store = RedisStore {
+            forwards,
             jobs,
             shared,
             seat,
@@ -204,10 +214,20 @@ impl RedisStore {
         load: Load,
         context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
+        let forwardable = crate::forwarding::allowed();
+        // A request meant to write goes to a holder read a moment ago, untried and without
+        // waking the writer.
+        if forwardable == Some(Handing::Always) {
+            if let Some(peer) = self.holder_address() {
+                Counters::add(&self.shared.counters.forwarded, 1);
+                return Err(StoreError::Forward(peer));
+            }
+        }
         let (answer, rx) = oneshot::channel();
         let RequestContext { origin, audit } = context;
         let job = OperationJob {
             operation,
+            forwardable,
             // Taken here: the request's origin is where the request runs, not on the writer.
             origin: origin(),
             audit,
@@ -236,6 +256,25 @@ impl RedisStore {
             Some(job) => self.seat.enqueue(&self.jobs, job),
             None => Ok(()),
         }
+    }
+
+    /// The ledger's secret among its instances (they present it when they hand each other
+    /// a request), once read from Redis.
+    pub fn peer_secret(&self) -> Option<Arc<str>> {
+        self.shared.peer_secret.get().cloned()
+    }
+
+    /// Whether writes may be answered [`StoreError::Forward`].
+    pub fn forwards(&self) -> bool {
+        self.forwards
+    }
+
+    /// The address of the peer holding the writer's lease, as recently read, when this
+    /// instance hands writes on: a request meant to write goes straight there.
+    fn holder_address(&self) -> Option<Arc<str>> {
+        self.forwards
+            .then(|| self.shared.holder_address())
+            .flatten()
     }
 
     /// Waits until this instance has read the log to its end (as of now) and handed its
@@ -423,6 +462,8 @@ pub(crate) struct Counters {
     pub faults: AtomicU64,
     pub reloads: AtomicU64,
     pub unreplicated: AtomicU64,
+    /// Operations answered with the lease holder's address, to be sent there.
+    pub forwarded: AtomicU64,
     /// Jobs answered without the lease (they changed nothing).
     pub reads: AtomicU64,
     pub snapshots: AtomicU64,

@@ -22,10 +22,18 @@
 //! held it for [`HANDOFF_AFTER`], or when it is idle, so instances take turns in rounds.
 //! Giving it up wakes the instance whose word it is (it blocks on a token, [`TURN_BLOCK`]
 //! at a time, instead of asking every [`LEASE_POLL`] as the others do).
+//!
+//! **Forwarding.** An instance with an address for its peers
+//! ([`RedisConfig::advertise`]) names it in its lease. Without the lease, such an instance
+//! does not wait for it while a peer that named its address holds it: it answers each
+//! operation that would write, and that its request lets it hand on
+//! ([`crate::forwarding`]), with [`StoreError::Forward`], and the server sends the request
+//! to the holder. So one instance decides every write while it is busy, in rounds as large
+//! as the whole fleet's traffic, instead of each instance waiting its turn.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -53,6 +61,12 @@ const LEASE_POLL: Duration = Duration::from_millis(1);
 /// How long the instance whose turn is next waits to be woken before it asks again, at
 /// most (within its word's life, and half the command timeout: the wait is a command).
 const TURN_BLOCK: Duration = Duration::from_millis(20);
+/// How often an instance that hands every write to the lease's holder reads the log to
+/// its end anyway (see `Writer::read_without_lease`).
+const CATCH_UP_EVERY: Duration = Duration::from_millis(20);
+/// How long the lease's holder, as a round read it, is taken to hold it still: a request
+/// meant to write goes straight there meanwhile ([`Shared::holder_address`]).
+const HOLDER_FRESH: Duration = Duration::from_millis(10);
 /// How long after a compaction starts the next one may, at the soonest (one that failed is
 /// not tried again at once).
 const COMPACTION_SPACING: Duration = Duration::from_secs(1);
@@ -85,6 +99,12 @@ pub struct Shared {
     /// The last record of the ledger's snapshot, as last seen.
     snapshot_version: AtomicU64,
     snapshot_bytes: AtomicU64,
+    /// The ledger's secret among its instances, once read (see [`super::log::Keys::peers`]).
+    pub peer_secret: OnceLock<Arc<str>>,
+    /// The address of the peer holding the lease, and when a round read it: a request meant
+    /// to write is sent there without reaching the writer while that is recent
+    /// ([`Shared::holder_address`]).
+    holder: RwLock<Option<(Arc<str>, Instant)>>,
 }
 
 impl Shared {
@@ -103,6 +123,23 @@ impl Shared {
             archived_keys: AtomicU64::new(0),
             snapshot_version: AtomicU64::new(0),
             snapshot_bytes: AtomicU64::new(0),
+            peer_secret: OnceLock::new(),
+            holder: RwLock::new(None),
+        }
+    }
+
+    /// The address of the peer holding the lease, if a round read it within
+    /// [`HOLDER_FRESH`]. Between rounds the lease may have moved: a request sent to a
+    /// former holder waits there for the lease, as any peer's request does.
+    pub fn holder_address(&self) -> Option<Arc<str>> {
+        let holder = self.holder.read().ok()?;
+        let (address, read) = holder.as_ref()?;
+        (read.elapsed() < HOLDER_FRESH).then(|| address.clone())
+    }
+
+    fn set_holder(&self, peer: Option<&Arc<str>>) {
+        if let Ok(mut holder) = self.holder.write() {
+            *holder = peer.map(|p| (p.clone(), Instant::now()));
         }
     }
 
@@ -173,6 +210,7 @@ impl Shared {
             m("cycles_redis_handoffs_total", "Times this instance gave the lease up to another that wanted it.", true, get(&c.handoffs)),
             m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
             m("cycles_redis_unreplicated_total", "Rounds that did not reach the replicas asked for (--redis-replicas) in time: their operations were answered outcome unknown.", true, get(&c.unreplicated)),
+            m("cycles_redis_forwarded_total", "Operations this instance handed to the instance holding the writer's lease (--redis-advertise-url), instead of waiting for the lease.", true, get(&c.forwarded)),
             m("cycles_redis_reads_without_lease_total", "Operations that changed nothing, answered by an instance without the writer's lease once it had read the log to its end.", true, get(&c.reads)),
             m("cycles_redis_reloads_total", "Times the state was read again from Redis: after a failed append, or found behind a compaction.", true, get(&c.reloads)),
             m("cycles_redis_snapshots_total", "Compactions this instance made: the log's head replaced by a snapshot of the state, its history moved to the history streams.", true, get(&c.snapshots)),
@@ -329,16 +367,37 @@ pub struct Writer {
     /// Records and bytes this instance appended: their ratio estimates a record's size.
     appended_records: u64,
     appended_bytes: u64,
+    /// Whether this instance hands writes to a peer holding the lease (it has an address
+    /// for its peers, [`RedisConfig::advertise`]).
+    forwards: bool,
+    /// The address of the peer holding the lease, as this round read it (none if nobody,
+    /// this instance, or a peer without an address holds it, or this one does not forward).
+    peer: Option<Arc<str>>,
+    /// When this instance last read the log to its end without the lease.
+    caught_up_at: Instant,
 }
 
-/// Who this instance is, as its lease names it.
-fn holder_id() -> String {
-    format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple())
+/// Who this instance is, as its lease names it: an id, then the address its peers reach it
+/// at, if it has one.
+fn holder_id(advertise: Option<&str>) -> String {
+    let id = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
+    match advertise {
+        Some(url) => format!("{id} {url}"),
+        None => id,
+    }
+}
+
+/// The address a lease's holder names, unless it is `own` (this instance's name).
+fn peer_address(holder: &str, own: &str) -> Option<Arc<str>> {
+    if holder == own {
+        return None;
+    }
+    holder.split_once(' ').map(|(_, url)| Arc::from(url))
 }
 
 impl Writer {
     pub fn open(config: RedisConfig, shared: Arc<Shared>) -> std::io::Result<(Writer, OpenReport)> {
-        let holder = holder_id();
+        let holder = holder_id(config.advertise.as_deref());
         let compactor = Compactor {
             url: config.url.clone(),
             topology: config.topology.clone(),
@@ -376,6 +435,9 @@ impl Writer {
             compaction_started: None,
             appended_records: 0,
             appended_bytes: 0,
+            forwards: config.advertise.is_some(),
+            peer: None,
+            caught_up_at: Instant::now(),
         };
         let report = match writer.load() {
             Ok(report) => report,
@@ -423,6 +485,15 @@ impl Writer {
         match &self.marker {
             Some(known) if *known != marker => return Err(Refused::Wiped.into()),
             _ => self.marker = Some(marker.clone()),
+        }
+        if self.shared.peer_secret.get().is_none() {
+            let new = format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            );
+            let secret = self.log.peer_secret(self.link.get()?, &new)?;
+            let _ = self.shared.peer_secret.set(secret.into());
         }
         // A compaction between reading the snapshot and the log after it: read again.
         let mut attempts = 0;
@@ -529,7 +600,10 @@ impl Writer {
 
     /// Runs one round (see the module's documentation).
     fn round(&mut self, jobs: Vec<Box<dyn Job>>) {
-        let jobs = self.read_without_lease(jobs);
+        let mut jobs = self.read_without_lease(jobs);
+        if let Some(peer) = self.peer.clone() {
+            jobs = self.forward(jobs, &peer, false);
+        }
         if jobs.is_empty() {
             return;
         }
@@ -586,23 +660,51 @@ impl Writer {
         }
     }
 
-    /// Without the lease: reads the log to its end and answers the jobs that change
-    /// nothing from the state as it ends; gives back those that would change something
-    /// (they wait for the lease). A holder, a broken Redis or a state not yet read leave
-    /// them all to the round.
+    /// Without the lease: reads the log's version and the lease's holder; when this
+    /// instance forwards and a peer holds it, answers the jobs whose requests are meant to
+    /// write with the peer's address, untried. Then reads the log to its end and answers
+    /// the jobs that change nothing from the state as it ends; gives back those that would
+    /// change something (handed on by the round, or waiting for the lease). A holder, a
+    /// broken Redis or a state not yet read leave them all to the round.
     fn read_without_lease(&mut self, jobs: Vec<Box<dyn Job>>) -> Vec<Box<dyn Job>> {
+        self.peer = None;
         if self.lease_held() || self.fatal.is_some() || self.broken.is_some() || !self.loaded {
             return jobs;
         }
-        let caught_up = match self.link.get() {
-            Ok(conn) => self.log.version(conn),
+        let read = match self.link.get() {
+            Ok(conn) => self.log.version_and_holder(conn),
             Err(e) => Err(e),
+        };
+        let version = match read {
+            Ok((version, holder)) => {
+                let peer = holder.and_then(|h| peer_address(&h, &self.log.holder));
+                if self.forwards {
+                    self.peer = peer;
+                    self.shared.set_holder(self.peer.as_ref());
+                }
+                version
+            }
+            Err(e) => {
+                self.broke(e);
+                return jobs;
+            }
+        };
+        // Requests meant to write go to the holder untried: reading its writes first
+        // would be for nothing. They are read anyway every so often, so that a read here
+        // never has a long way to catch up.
+        let jobs = match self.peer.clone() {
+            Some(peer) => self.forward(jobs, &peer, true),
+            None => jobs,
+        };
+        if jobs.is_empty() && self.caught_up_at.elapsed() < CATCH_UP_EVERY {
+            return jobs;
         }
-        .and_then(|version| self.catch_up(version, false));
-        if let Err(e) = caught_up {
+        if let Err(e) = self.catch_up(version, false) {
+            self.peer = None;
             self.broke(e);
             return jobs;
         }
+        self.caught_up_at = Instant::now();
         let now = self.now();
         let mut rest = Vec::new();
         for job in jobs {
@@ -621,6 +723,27 @@ impl Writer {
                 }
             }
         }
+        rest
+    }
+
+    /// Answers the jobs that may be handed on with the address of `peer`, the lease's
+    /// holder (the server sends their requests there); gives back the others, which wait
+    /// for the lease. `untried`: before they are tried here (see [`Job::forward`]).
+    fn forward(
+        &mut self,
+        jobs: Vec<Box<dyn Job>>,
+        peer: &Arc<str>,
+        untried: bool,
+    ) -> Vec<Box<dyn Job>> {
+        let before = jobs.len();
+        let rest: Vec<_> = jobs
+            .into_iter()
+            .filter_map(|job| job.forward(peer, untried))
+            .collect();
+        Counters::add(
+            &self.shared.counters.forwarded,
+            (before - rest.len()) as u64,
+        );
         rest
     }
 
@@ -788,6 +911,10 @@ impl Writer {
                     self.lease_until = Some(sent + lease * 3 / 4);
                     self.held_since = Instant::now();
                     self.shared.holding.store(true, Ordering::Relaxed);
+                    // No request goes to a former holder from here on.
+                    if self.forwards {
+                        self.shared.set_holder(None);
+                    }
                     return Ok(());
                 }
                 Lease::Busy { left_ms, next } => {
