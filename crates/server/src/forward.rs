@@ -117,18 +117,16 @@ impl Forwarder {
         })
     }
 
-    /// Takes the peer headers out of `request` (a client's are never believed); if they
-    /// carry the ledger's secret, the request is a peer's, and keeps the client's address
-    /// and request id it was given.
+    /// Takes every peer header out of `request` (a client's are never believed, nor sent
+    /// on); if they carry the ledger's secret, the request is a peer's, and keeps the
+    /// client's address and request id it was given.
     pub fn accept(&self, request: &mut Request, correlation: &mut Correlation) {
         let headers = request.headers_mut();
-        let Some(presented) = headers.remove(PEER) else {
-            return;
-        };
+        let presented = headers.remove(PEER);
         let client = headers.remove(PEER_CLIENT);
         let request_id = headers.remove(PEER_REQUEST_ID);
         let counted = headers.remove(PEER_COUNTED).is_some();
-        let Some(secret) = self.store.peer_secret() else {
+        let (Some(presented), Some(secret)) = (presented, self.store.peer_secret()) else {
             return;
         };
         if !bool::from(presented.as_bytes().ct_eq(secret.as_bytes())) {
@@ -168,6 +166,7 @@ impl Forwarder {
         counted: bool,
     ) -> Result<Response, Failed> {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        // A client's peer headers are gone (`accept`): only this instance's are sent.
         let mut headers = end_to_end(&parts.headers);
         if let Some(secret) = self.store.peer_secret() {
             if let Ok(v) = HeaderValue::from_str(&secret) {
