@@ -366,6 +366,19 @@ function slug(text) {
   return text.toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '');
 }
 
+/** ECharts draws a chart in over 1 s (its entrance animation, 1000 ms by default). */
+const CHART_ANIMATION_MS = 1500;
+
+/**
+ * A screenshot of a page with charts, once they are drawn: taken at once, the overview's
+ * pies showed as thin slivers, half-way through their entrance animation. Only the picture
+ * waits; nothing is asserted on it.
+ */
+async function chartsScreenshot(name) {
+  await page.waitForTimeout(CHART_ANIMATION_MS);
+  await screenshot(name);
+}
+
 async function screenshot(name) {
   shots += 1;
   const file = `${String(shots).padStart(2, '0')}-${name}.png`;
@@ -627,7 +640,7 @@ async function overview() {
     await sees('acme-temp', page.getByTestId('expiring-keys-card'));
     // The seed's ten latest writes, newest first.
     await recentActivityIsServers();
-    await screenshot('overview');
+    await chartsScreenshot('overview');
   });
 }
 
@@ -2876,7 +2889,7 @@ async function auditPage({ acmeKey, reservations: r }) {
       const logs = await recentActivityIsServers();
       const [newest] = logs;
       await page.getByTestId('recent-activity-card').scrollIntoViewIfNeeded();
-      await screenshot('overview-recent-activity');
+      await chartsScreenshot('overview-recent-activity');
       // Not a tenant's: the link opens the Audit page searching for its log id.
       const answered = listed(AUDIT, only({ search: newest.log_id }));
       await page.getByTestId('recent-activity-card')
@@ -2982,7 +2995,7 @@ async function overviewCounters({ acmeKey }) {
       same('the decision', decided.decision, 'DENY');
       await navigate('Overview', 'Overview');
       await page.getByTestId('tile-events').scrollIntoViewIfNeeded();
-      await screenshot('overview-webhooks-events');
+      await chartsScreenshot('overview-webhooks-events');
 
       const overview = await api('GET', '/v1/admin/overview');
       // What the server lists: the acme subscription the webhooks section left, and every
