@@ -33,6 +33,7 @@ use store::Engine;
 use subtle::ConstantTimeEq;
 
 use crate::correlation::{Correlation, TRACE_ID_HEADER};
+use crate::ratelimit::{self, CountedByPeer};
 use crate::reply::{Failure, ForwardTo};
 
 /// The ledger's secret: the request comes from one of its instances.
@@ -54,16 +55,6 @@ const SUSPEND: Duration = Duration::from_secs(1);
 /// On a request: a peer sent it (with the ledger's secret). It is never handed on again.
 #[derive(Debug, Clone, Copy)]
 pub struct FromPeer;
-
-/// On a request a peer sent: the peer's rate limit counted it (it ran there before it was
-/// handed on), so it is not counted again.
-#[derive(Debug, Clone, Copy)]
-pub struct CountedByPeer;
-
-/// On a response: the rate limit counted its request here (`crate::ratelimit`); without a
-/// rate limit here, the holder's counts it.
-#[derive(Debug, Clone, Copy)]
-pub struct RateCounted;
 
 /// The client to the lease's holder, and what forwarding did.
 pub struct Forwarder {
@@ -259,7 +250,8 @@ pub async fn run(forwarder: Option<&Forwarder>, request: Request, next: Next) ->
     let Some(ForwardTo(peer)) = response.extensions().get::<ForwardTo>().cloned() else {
         return response;
     };
-    let counted = response.extensions().get::<RateCounted>().is_some();
+    // Without a rate limit here, the holder's counts it.
+    let counted = ratelimit::counted(&response);
     let counters = &forwarder.counters;
     match forwarder.send(&peer, &parts, body.clone(), counted).await {
         Ok(response) => {

@@ -19,7 +19,6 @@ use protocol::{ApiError, ErrorCode};
 use sha2::{Digest, Sha256};
 
 use crate::auth::{ADMIN_KEY_HEADER, API_KEY_HEADER};
-use crate::forward::{CountedByPeer, RateCounted};
 use crate::reply::{unix_now_s, Failure, RATE_LIMIT_RESET};
 
 /// Buckets kept at most; past this, full (idle) buckets are dropped first.
@@ -110,6 +109,16 @@ fn credential(request: &Request) -> [u8; 32] {
 
 const REMAINING_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 
+/// On a request another instance of a Redis-engine ledger handed on (`crate::forward`):
+/// that instance's rate limit counted it already, so it is not counted again.
+#[derive(Debug, Clone, Copy)]
+pub struct CountedByPeer;
+
+/// Whether this layer counted the request `response` answers (it says what is left).
+pub fn counted(response: &Response) -> bool {
+    response.headers().contains_key(REMAINING_HEADER)
+}
+
 pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: Next) -> Response {
     // The instance the client reached has counted it already.
     if request.extensions().get::<CountedByPeer>().is_some() {
@@ -118,7 +127,6 @@ pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: 
     match limiter.take(credential(&request), Instant::now()) {
         Verdict::Allowed { remaining } => {
             let mut response = next.run(request).await;
-            response.extensions_mut().insert(RateCounted);
             let headers = response.headers_mut();
             headers.insert(REMAINING_HEADER, HeaderValue::from(remaining));
             headers.insert(RATE_LIMIT_RESET, HeaderValue::from(unix_now_s() + 1));

@@ -171,29 +171,20 @@ async fn balance(bases: &[String], key: &str, scope_param: &str) -> Vec<[i64; 5]
 /// balances the test read from instances without the lease were answered without it, and
 /// the log was compacted while the storm ran.
 async fn assert_every_instance_wrote(bases: &[String]) {
-    let http = client();
-    let mut reads_without_lease = 0;
-    let mut snapshots = 0;
-    for base in bases {
-        let (status, text) = call(&http, base, "/metrics", None, None).await;
-        assert_eq!(status, 200);
-        let text = text.as_str().expect("metrics text").to_string();
-        let counter = |name: &str| -> u64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-                .unwrap_or_else(|| panic!("{name} not on /metrics"))
-        };
-        assert!(
-            counter("cycles_redis_rounds_total ") > 0,
-            "{base} never wrote"
-        );
-        assert!(
-            counter("cycles_redis_leases_total ") > 1,
-            "{base} took the lease once only"
-        );
-        reads_without_lease += counter("cycles_redis_reads_without_lease_total ");
-        snapshots += counter("cycles_redis_snapshots_total ");
+    let rounds = counters(bases, "cycles_redis_rounds_total").await;
+    let leases = counters(bases, "cycles_redis_leases_total").await;
+    for (i, base) in bases.iter().enumerate() {
+        assert!(rounds[i] > 0, "{base} never wrote");
+        assert!(leases[i] > 1, "{base} took the lease once only");
     }
+    let snapshots: u64 = counters(bases, "cycles_redis_snapshots_total")
+        .await
+        .iter()
+        .sum();
+    let reads_without_lease: u64 = counters(bases, "cycles_redis_reads_without_lease_total")
+        .await
+        .iter()
+        .sum();
     assert!(snapshots > 0, "the log was never compacted");
     assert!(
         reads_without_lease > 0,

@@ -218,7 +218,7 @@ impl RedisStore {
         // A request meant to write goes to a holder read a moment ago, untried and without
         // waking the writer.
         if forwardable == Some(Handing::Always) {
-            if let Some(peer) = self.holder_address() {
+            if let Some(peer) = self.shared.holder_address() {
                 Counters::add(&self.shared.counters.forwarded, 1);
                 return Err(StoreError::Forward(peer));
             }
@@ -267,14 +267,6 @@ impl RedisStore {
     /// Whether writes may be answered [`StoreError::Forward`].
     pub fn forwards(&self) -> bool {
         self.forwards
-    }
-
-    /// The address of the peer holding the writer's lease, as recently read, when this
-    /// instance hands writes on: a request meant to write goes straight there.
-    fn holder_address(&self) -> Option<Arc<str>> {
-        self.forwards
-            .then(|| self.shared.holder_address())
-            .flatten()
     }
 
     /// Waits until this instance has read the log to its end (as of now) and handed its

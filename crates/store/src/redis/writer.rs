@@ -103,7 +103,7 @@ pub struct Shared {
     pub peer_secret: OnceLock<Arc<str>>,
     /// The address of the peer holding the lease, and when a round read it: a request meant
     /// to write is sent there without reaching the writer while that is recent
-    /// ([`Shared::holder_address`]).
+    /// ([`Shared::holder_address`]). Set only on an instance that forwards.
     holder: RwLock<Option<(Arc<str>, Instant)>>,
 }
 
