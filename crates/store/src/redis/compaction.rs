@@ -18,6 +18,12 @@
 //!    new snapshot and trims the log's records up to it;
 //! 4. deletes the parts of the snapshots replaced, and the history past its retention.
 //!
+//! The lock lasts [`LOCK_TTL`] unless its holder extends it, which a compaction does as it
+//! goes on ([`Lock::keep`]): a compactor that died holds the next one up no longer than
+//! that. Every write a compaction makes that another compactor's could meet is fenced by
+//! the lock (history appended, parts deleted, the pointer moved), so a compaction that
+//! stalled past the lock's time to live fails at its next such write and harms nothing.
+//!
 //! A snapshot at version `v` is the state of the log's records up to `v`, whoever computes
 //! it, so no lease is needed: the script only moves the pointer forward, and only over
 //! records the log holds. Readers find the log starting after the snapshot: an instance
@@ -28,12 +34,12 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::redis::Script;
 use ledger::{Effect, Millis, SnapshotSource, State};
 
-use super::log::{read_frames, Conn, Keys, LogError, Topology};
+use super::log::{read_frames, Conn, Keys, LogError, Refused, Topology};
 use crate::embedded::journal::{encode_record, JournalRecord};
 use crate::embedded::snapshot::{encode_snapshot_into, parse_snapshot};
 use crate::history::{Cutoffs, Item, Projector, Retention};
@@ -42,8 +48,12 @@ use crate::Clock;
 /// A snapshot's bytes per key: small enough that one `SET` or `GET` holds Redis up for
 /// no more than a moment, and arrives within the command timeout.
 pub const PART_BYTES: usize = 1 << 20;
-/// How long the compactor's lock lasts: a compactor that died holds up the next no longer.
-const LOCK_MS: u64 = 300_000;
+/// How long the compactor's lock lasts unless extended: a compactor that died holds up the
+/// next one no longer. Well above the longest a compactor's command may take, since the
+/// lock is extended between commands.
+pub const LOCK_TTL: Duration = Duration::from_secs(30);
+/// Snapshot parts deleted per command.
+const PARTS_PER_DELETE: usize = 64;
 /// Log entries (rounds) read per page while copying history out.
 const LOG_PAGE: usize = 32;
 /// A history entry's records, at least, before it is appended (so that a page of entries
@@ -193,18 +203,76 @@ pub fn load_snapshot(conn: &mut Conn, keys: &Keys) -> Result<Option<(Pointer, St
     ))
 }
 
-/// Deletes the parts of the snapshot named `name`.
-pub fn delete_parts(conn: &mut Conn, keys: &Keys, name: &str) -> Result<(), LogError> {
-    // Parts are written in order: the first one missing ends them.
-    for i in 0.. {
-        let deleted: i64 = ::redis::cmd("UNLINK")
-            .arg(keys.snapshot_part(name, i))
-            .query(conn.link())?;
-        if deleted == 0 {
-            break;
+/// Deletes the parts of the snapshot named `name`; with `lock`, only while this instance
+/// holds the compactor's lock.
+pub fn delete_parts(
+    conn: &mut Conn,
+    keys: &Keys,
+    name: &str,
+    lock: Option<&Lock<'_>>,
+) -> Result<(), LogError> {
+    // Parts are written in order (0 to the last, then 0 again): a batch that finds one
+    // missing has passed their end.
+    let mut first = 0;
+    loop {
+        let parts: Vec<String> = (first..first + PARTS_PER_DELETE as u64)
+            .map(|i| keys.snapshot_part(name, i))
+            .collect();
+        let deleted: i64 = match lock {
+            Some(lock) => lock.drop_parts(conn, &parts)?,
+            None => ::redis::cmd("UNLINK").arg(&parts).query(conn.link())?,
+        };
+        if deleted < PARTS_PER_DELETE as i64 {
+            return Ok(());
         }
+        first += PARTS_PER_DELETE as u64;
     }
-    Ok(())
+}
+
+/// The compactor's lock, while this instance holds it for a compaction.
+pub struct Lock<'a> {
+    key: &'a str,
+    holder: &'a str,
+    ttl: Duration,
+    scripts: &'a Scripts,
+    /// When the lock's time to live last started again, at the latest.
+    extended: Instant,
+}
+
+impl Lock<'_> {
+    /// Extends the lock, once a tenth of its time to live has passed since it last was;
+    /// refused if it lapsed meanwhile.
+    fn keep(&mut self, conn: &mut Conn) -> Result<(), LogError> {
+        if self.extended.elapsed() < self.ttl / 10 {
+            return Ok(());
+        }
+        let asked = Instant::now();
+        let held: i64 = self
+            .scripts
+            .hold
+            .key(self.key)
+            .arg(self.holder)
+            .arg(self.ttl.as_millis() as u64)
+            .invoke(conn.link())?;
+        if held == 0 {
+            return Err(Refused::CompactorLock.into());
+        }
+        self.extended = asked;
+        Ok(())
+    }
+
+    /// Deletes `parts` if this instance still holds the lock; answers how many it deleted.
+    fn drop_parts(&self, conn: &mut Conn, parts: &[String]) -> Result<i64, LogError> {
+        let mut script = self.scripts.drop_parts.key(self.key);
+        for part in parts {
+            script.key(part);
+        }
+        let deleted: i64 = script.arg(self.holder).invoke(conn.link())?;
+        if deleted < 0 {
+            return Err(Refused::CompactorLock.into());
+        }
+        Ok(deleted)
+    }
 }
 
 fn entry_seq(id: &str) -> Result<u64, LogError> {
@@ -337,6 +405,8 @@ pub struct Compactor {
     pub timeout: Duration,
     /// Records past the current snapshot that make a new one worth writing.
     pub snapshot_records: u64,
+    /// How long the compactor's lock lasts unless extended ([`LOCK_TTL`]).
+    pub lock_ttl: Duration,
 }
 
 /// What one compaction did.
@@ -352,6 +422,8 @@ struct Scripts {
     history: Script,
     commit: Script,
     trim: Script,
+    hold: Script,
+    drop_parts: Script,
     unlock: Script,
 }
 
@@ -361,7 +433,9 @@ impl Default for Scripts {
             history: Script::new(include_str!("history.lua")),
             commit: Script::new(include_str!("compact.lua")),
             trim: Script::new(include_str!("trim.lua")),
-            unlock: Script::new(include_str!("release.lua")),
+            hold: Script::new(include_str!("hold.lua")),
+            drop_parts: Script::new(include_str!("drop_parts.lua")),
+            unlock: Script::new(include_str!("unlock.lua")),
         }
     }
 }
@@ -378,26 +452,45 @@ impl Compactor {
     ) -> Result<Compacted, LogError> {
         let scripts = Scripts::default();
         let mut conn = Conn::open(&self.url, &self.topology, self.timeout)?;
-        let k = &self.keys;
+        let locked = self.try_lock(&scripts, &mut conn)?;
+        let current = pointer(&mut conn, &self.keys)?.map_or(0, |p| p.version);
+        // Another instance may have compacted since this one last looked.
+        let mut lock = match locked {
+            Some(lock) if version >= current.saturating_add(self.snapshot_records) => lock,
+            Some(_) => {
+                self.unlock(&scripts, &mut conn);
+                return Ok(Compacted::Skipped(current));
+            }
+            None => return Ok(Compacted::Skipped(current)),
+        };
+        let result = self.compact_locked(
+            &mut lock, &mut conn, marker, current, version, at_ms, source,
+        );
+        self.unlock(&scripts, &mut conn);
+        result
+    }
+
+    /// Takes the compactor's lock, unless another instance holds it.
+    fn try_lock<'a>(
+        &'a self,
+        scripts: &'a Scripts,
+        conn: &mut Conn,
+    ) -> Result<Option<Lock<'a>>, LogError> {
+        let asked = Instant::now();
         let locked: Option<String> = ::redis::cmd("SET")
-            .arg(&k.compacting)
+            .arg(&self.keys.compacting)
             .arg(&self.holder)
             .arg("NX")
             .arg("PX")
-            .arg(LOCK_MS)
+            .arg(self.lock_ttl.as_millis() as u64)
             .query(conn.link())?;
-        let current = pointer(&mut conn, k)?.map_or(0, |p| p.version);
-        // Another instance may have compacted since this one last looked.
-        if locked.is_none() || version < current.saturating_add(self.snapshot_records) {
-            if locked.is_some() {
-                self.unlock(&scripts, &mut conn);
-            }
-            return Ok(Compacted::Skipped(current));
-        }
-        let result =
-            self.compact_locked(&scripts, &mut conn, marker, current, version, at_ms, source);
-        self.unlock(&scripts, &mut conn);
-        result
+        Ok(locked.map(|_| Lock {
+            key: &self.keys.compacting,
+            holder: &self.holder,
+            ttl: self.lock_ttl,
+            scripts,
+            extended: asked,
+        }))
     }
 
     fn unlock(&self, scripts: &Scripts, conn: &mut Conn) {
@@ -415,7 +508,7 @@ impl Compactor {
     #[allow(clippy::too_many_arguments)]
     fn compact_locked(
         &self,
-        scripts: &Scripts,
+        lock: &mut Lock<'_>,
         conn: &mut Conn,
         marker: &str,
         from: u64,
@@ -424,15 +517,16 @@ impl Compactor {
         source: &SnapshotSource,
     ) -> Result<Compacted, LogError> {
         let k = &self.keys;
-        self.delete_pending(conn, None)?;
-        self.copy_history(scripts, conn, marker, from, version)?;
+        self.delete_pending(conn, lock, None)?;
+        self.copy_history(lock, conn, marker, from, version)?;
         let name = format!("{version}.{}", uuid::Uuid::new_v4().simple());
         let _: i64 = ::redis::cmd("SADD")
             .arg(&k.pending)
             .arg(&name)
             .query(conn.link())?;
-        let (parts, bytes) = write_snapshot(conn, k, &name, version, source)?;
-        let status: String = scripts
+        let (parts, bytes) = write_snapshot(conn, k, lock, &name, version, source)?;
+        let status: String = lock
+            .scripts
             .commit
             .key(&k.marker)
             .key(&k.version)
@@ -451,22 +545,29 @@ impl Compactor {
             .invoke(conn.link())?;
         match status.as_str() {
             "OK" => {}
-            "WIPED" => return Err(super::log::Refused::Wiped.into()),
+            "WIPED" => return Err(Refused::Wiped.into()),
+            // Its parts are pending: the compaction that holds the lock now deletes them.
+            "LOCK" => return Err(Refused::CompactorLock.into()),
             other => {
                 // Its parts are pending: the next compaction deletes them, or this one now.
-                self.delete_pending(conn, None)?;
+                self.delete_pending(conn, lock, None)?;
                 return Err(LogError::Corrupt(format!(
                     "compaction to record {version} refused: {other}"
                 )));
             }
         }
-        self.delete_pending(conn, Some(&name))?;
-        self.trim_history(scripts, conn)?;
+        self.delete_pending(conn, lock, Some(&name))?;
+        self.trim_history(lock, conn)?;
         Ok(Compacted::Done { version, bytes })
     }
 
     /// Deletes the parts of every pending snapshot but `keep` (the current one).
-    fn delete_pending(&self, conn: &mut Conn, keep: Option<&str>) -> Result<(), LogError> {
+    fn delete_pending(
+        &self,
+        conn: &mut Conn,
+        lock: &mut Lock<'_>,
+        keep: Option<&str>,
+    ) -> Result<(), LogError> {
         let k = &self.keys;
         let current = pointer(conn, k)?.map(|p| p.name);
         let names: Vec<String> = ::redis::cmd("SMEMBERS")
@@ -480,7 +581,7 @@ impl Compactor {
                     .query(conn.link())?;
                 continue;
             }
-            delete_parts(conn, k, &name)?;
+            delete_parts(conn, k, &name, Some(lock))?;
             let _: i64 = ::redis::cmd("SREM")
                 .arg(&k.pending)
                 .arg(&name)
@@ -494,7 +595,7 @@ impl Compactor {
     /// have copied some already).
     fn copy_history(
         &self,
-        scripts: &Scripts,
+        lock: &mut Lock<'_>,
         conn: &mut Conn,
         marker: &str,
         from: u64,
@@ -518,6 +619,7 @@ impl Compactor {
         let mut after = copied.iter().copied().min().unwrap_or(from);
         let mut chunks: [Chunk; 5] = Default::default();
         while after < version {
+            lock.keep(conn)?;
             let page: ::redis::streams::StreamRangeReply = ::redis::cmd("XRANGE")
                 .arg(&k.log)
                 .arg(format!("({after}-0"))
@@ -543,7 +645,7 @@ impl Compactor {
                 encoded?;
                 for (i, chunk) in chunks.iter_mut().enumerate() {
                     if chunk.frames.len() >= CHUNK_BYTES {
-                        self.append_history(scripts, conn, marker, HistoryKind::ALL[i], chunk)?;
+                        self.append_history(lock, conn, marker, HistoryKind::ALL[i], chunk)?;
                     }
                 }
             }
@@ -551,7 +653,7 @@ impl Compactor {
         }
         for (i, chunk) in chunks.iter_mut().enumerate() {
             if !chunk.frames.is_empty() {
-                self.append_history(scripts, conn, marker, HistoryKind::ALL[i], chunk)?;
+                self.append_history(lock, conn, marker, HistoryKind::ALL[i], chunk)?;
             }
         }
         Ok(())
@@ -561,14 +663,16 @@ impl Compactor {
     /// empties it.
     fn append_history(
         &self,
-        scripts: &Scripts,
+        lock: &mut Lock<'_>,
         conn: &mut Conn,
         marker: &str,
         kind: HistoryKind,
         chunk: &mut Chunk,
     ) -> Result<(), LogError> {
         let k = &self.keys;
-        let status: String = scripts
+        lock.keep(conn)?;
+        let status: String = lock
+            .scripts
             .history
             .key(&k.marker)
             .key(&k.compacting)
@@ -582,7 +686,8 @@ impl Compactor {
         *chunk = Chunk::default();
         match status.as_str() {
             "OK" => Ok(()),
-            "WIPED" => Err(super::log::Refused::Wiped.into()),
+            "WIPED" => Err(Refused::Wiped.into()),
+            "LOCK" => Err(Refused::CompactorLock.into()),
             other => Err(LogError::Corrupt(format!(
                 "copying history refused: {other}"
             ))),
@@ -590,14 +695,16 @@ impl Compactor {
     }
 
     /// Deletes history entries past their retention, oldest first.
-    fn trim_history(&self, scripts: &Scripts, conn: &mut Conn) -> Result<(), LogError> {
+    fn trim_history(&self, lock: &mut Lock<'_>, conn: &mut Conn) -> Result<(), LogError> {
         let cutoffs = self.retention.cutoffs(self.clock.now_ms());
         for kind in HistoryKind::ALL {
             let Some(cutoff) = kind.cutoff(&cutoffs) else {
                 continue;
             };
             loop {
-                let deleted: u64 = scripts
+                lock.keep(conn)?;
+                let deleted: u64 = lock
+                    .scripts
                     .trim
                     .key(self.keys.history(kind.name()))
                     .arg(cutoff)
@@ -617,6 +724,7 @@ impl Compactor {
 fn write_snapshot(
     conn: &mut Conn,
     keys: &Keys,
+    lock: &mut Lock<'_>,
     name: &str,
     version: u64,
     source: &SnapshotSource,
@@ -624,6 +732,7 @@ fn write_snapshot(
     let mut parts = Parts {
         conn,
         keys,
+        lock,
         name,
         first: Vec::with_capacity(PART_BYTES),
         current: Vec::new(),
@@ -644,9 +753,10 @@ fn write_snapshot(
 /// A snapshot's bytes on their way to Redis, a part at a time. The first part stays in
 /// memory to the end (its header's length and checksum are filled in last) and is written
 /// again then; every other goes once full.
-struct Parts<'a> {
+struct Parts<'a, 'l> {
     conn: &'a mut Conn,
     keys: &'a Keys,
+    lock: &'a mut Lock<'l>,
     name: &'a str,
     first: Vec<u8>,
     current: Vec<u8>,
@@ -657,8 +767,9 @@ struct Parts<'a> {
     at: u64,
 }
 
-impl Parts<'_> {
+impl Parts<'_, '_> {
     fn set(&mut self, index: u64, bytes: &[u8]) -> Result<(), LogError> {
+        self.lock.keep(self.conn)?;
         let _: () = ::redis::cmd("SET")
             .arg(self.keys.snapshot_part(self.name, index))
             .arg(bytes)
@@ -697,7 +808,7 @@ impl Parts<'_> {
     }
 }
 
-impl std::io::Write for Parts<'_> {
+impl std::io::Write for Parts<'_, '_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if self.at < self.len {
             // A patch of the header, in the first part.
@@ -730,7 +841,7 @@ impl std::io::Write for Parts<'_> {
     }
 }
 
-impl std::io::Seek for Parts<'_> {
+impl std::io::Seek for Parts<'_, '_> {
     fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
         self.at = match to {
             std::io::SeekFrom::Start(n) => n,
@@ -785,4 +896,156 @@ fn split_history(
         chunk.at = chunk.at.max(record.at_ms);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+
+    use super::*;
+    use crate::history::Retention;
+    use crate::SystemClock;
+
+    /// A compactor of its own ledger on the test Redis, its lock lasting `lock_ttl`.
+    fn compactor(url: &str, namespace: &str, holder: &str, lock_ttl: Duration) -> Compactor {
+        Compactor {
+            url: url.to_string(),
+            topology: Topology::Single,
+            keys: Keys::new(namespace),
+            holder: holder.to_string(),
+            retention: Retention::default(),
+            clock: Arc::new(SystemClock),
+            timeout: Duration::from_secs(5),
+            snapshot_records: 1,
+            lock_ttl,
+        }
+    }
+
+    fn test_redis() -> Option<(String, String)> {
+        let url = std::env::var("CYCLES_TEST_REDIS_URL").ok()?;
+        let namespace = format!("cycles-compactor-lock-{}", uuid::Uuid::new_v4().simple());
+        Some((url, namespace))
+    }
+
+    fn lock_holder(conn: &mut Conn, keys: &Keys) -> Option<String> {
+        ::redis::cmd("GET")
+            .arg(&keys.compacting)
+            .query(conn.link())
+            .expect("GET the lock")
+    }
+
+    #[test]
+    fn a_kept_lock_outlasts_its_time_to_live_and_a_lapsed_one_is_refused() {
+        let Some((url, namespace)) = test_redis() else {
+            return;
+        };
+        let ttl = Duration::from_millis(300);
+        let first = compactor(&url, &namespace, "first", ttl);
+        let second = compactor(&url, &namespace, "second", ttl);
+        let scripts = Scripts::default();
+        let mut conn = Conn::open(&url, &Topology::Single, first.timeout).expect("connect");
+
+        let mut lock = first
+            .try_lock(&scripts, &mut conn)
+            .expect("lock")
+            .expect("free");
+        assert!(second
+            .try_lock(&scripts, &mut conn)
+            .expect("lock")
+            .is_none());
+        // Kept for four times its time to live, it is still this compactor's.
+        let kept = Instant::now();
+        while kept.elapsed() < ttl * 4 {
+            lock.keep(&mut conn).expect("kept");
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            lock_holder(&mut conn, &first.keys).as_deref(),
+            Some("first")
+        );
+        assert!(second
+            .try_lock(&scripts, &mut conn)
+            .expect("lock")
+            .is_none());
+
+        // Left alone, it lapses; another takes it, and the first is refused from then on.
+        thread::sleep(ttl + Duration::from_millis(100));
+        let taken = second.try_lock(&scripts, &mut conn).expect("lock");
+        assert!(taken.is_some(), "the lapsed lock could not be taken");
+        assert!(matches!(
+            lock.keep(&mut conn),
+            Err(LogError::Refused(Refused::CompactorLock))
+        ));
+        // Giving it up is only for its holder.
+        first.unlock(&scripts, &mut conn);
+        assert_eq!(
+            lock_holder(&mut conn, &first.keys).as_deref(),
+            Some("second")
+        );
+        second.unlock(&scripts, &mut conn);
+        assert_eq!(lock_holder(&mut conn, &first.keys), None);
+        super::super::delete_ledger(&url, &Topology::Single, &namespace).expect("clean up");
+    }
+
+    #[test]
+    fn a_compactor_whose_lock_lapsed_deletes_no_snapshot_parts() {
+        let Some((url, namespace)) = test_redis() else {
+            return;
+        };
+        let ttl = Duration::from_millis(200);
+        let stalled = compactor(&url, &namespace, "stalled", ttl);
+        let next = compactor(&url, &namespace, "next", ttl);
+        let scripts = Scripts::default();
+        let mut conn = Conn::open(&url, &Topology::Single, stalled.timeout).expect("connect");
+        let keys = &stalled.keys;
+        // The next compactor's snapshot, half written: more parts than one command deletes.
+        let parts = PARTS_PER_DELETE as u64 + 3;
+        let _: i64 = ::redis::cmd("SADD")
+            .arg(&keys.pending)
+            .arg("next-snapshot")
+            .query(conn.link())
+            .expect("SADD");
+        for i in 0..parts {
+            let _: () = ::redis::cmd("SET")
+                .arg(keys.snapshot_part("next-snapshot", i))
+                .arg(i)
+                .query(conn.link())
+                .expect("SET a part");
+        }
+        let count_parts = |conn: &mut Conn| -> i64 {
+            let mut exists = ::redis::cmd("EXISTS");
+            for i in 0..parts {
+                exists.arg(keys.snapshot_part("next-snapshot", i));
+            }
+            exists.query(conn.link()).expect("EXISTS")
+        };
+
+        let mut lock = stalled
+            .try_lock(&scripts, &mut conn)
+            .expect("lock")
+            .expect("free");
+        thread::sleep(ttl + Duration::from_millis(100));
+        let mut next_lock = next
+            .try_lock(&scripts, &mut conn)
+            .expect("lock")
+            .expect("lapsed");
+        let refused = stalled.delete_pending(&mut conn, &mut lock, None);
+        assert!(
+            matches!(refused, Err(LogError::Refused(Refused::CompactorLock))),
+            "{refused:?}"
+        );
+        assert_eq!(count_parts(&mut conn), parts as i64);
+
+        // The lock's holder deletes them all, and the pending list with them.
+        next.delete_pending(&mut conn, &mut next_lock, None)
+            .expect("deleted");
+        assert_eq!(count_parts(&mut conn), 0);
+        let pending: Vec<String> = ::redis::cmd("SMEMBERS")
+            .arg(&keys.pending)
+            .query(conn.link())
+            .expect("SMEMBERS");
+        assert!(pending.is_empty(), "{pending:?}");
+        next.unlock(&scripts, &mut conn);
+        super::super::delete_ledger(&url, &Topology::Single, &namespace).expect("clean up");
+    }
 }

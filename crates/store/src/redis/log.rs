@@ -255,6 +255,10 @@ pub enum Refused {
     /// The log moved on since this instance last read it.
     #[error("the log is at {0}, not where this instance's round starts")]
     Stale(u64),
+    /// The compactor's lock lapsed (this compaction stalled past its time to live) and
+    /// another instance may compact now.
+    #[error("the compactor's lock lapsed: another instance may compact")]
+    CompactorLock,
 }
 
 /// A failure to talk to Redis, or what it refused.

@@ -423,7 +423,7 @@ pub fn delete_ledger(url: &str, topology: &Topology, namespace: &str) -> io::Res
         .map_err(fail)?;
     names.extend(current);
     for name in names {
-        compaction::delete_parts(&mut conn, &keys, &name)
+        compaction::delete_parts(&mut conn, &keys, &name, None)
             .map_err(|e| io::Error::other(e.to_string()))?;
     }
     let mut del = ::redis::cmd("DEL");

@@ -407,6 +407,7 @@ impl Writer {
             clock: config.clock.clone(),
             timeout: COMPACTION_TIMEOUT,
             snapshot_records: config.snapshot_records,
+            lock_ttl: compaction::LOCK_TTL,
         };
         let mut writer = Writer {
             durability: config.durability,
