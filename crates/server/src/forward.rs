@@ -7,8 +7,8 @@
 //! to the holder and answers with the holder's response. The holder knows the request is a
 //! peer's by the ledger's secret in [`PEER`] (read from Redis by every instance): it takes
 //! the client's address and the request id from the peer, runs it without handing it on
-//! again (so a request never travels twice), and does not count it against the rate limit
-//! the first instance already applied.
+//! again (so a request never travels twice), and counts it against its rate limit (the
+//! first instance gives its token back: `crate::ratelimit`).
 //!
 //! A holder that cannot be reached (nothing was sent) suspends forwarding on this instance
 //! for [`SUSPEND`], and the request runs here, waiting for the lease as without forwarding.
@@ -33,7 +33,6 @@ use store::Engine;
 use subtle::ConstantTimeEq;
 
 use crate::correlation::{Correlation, TRACE_ID_HEADER};
-use crate::ratelimit::{self, CountedByPeer};
 use crate::reply::{Failure, ForwardTo};
 
 /// The ledger's secret: the request comes from one of its instances.
@@ -42,8 +41,6 @@ pub const PEER: HeaderName = HeaderName::from_static("x-cycles-peer");
 const PEER_CLIENT: HeaderName = HeaderName::from_static("x-cycles-peer-client");
 /// The request id the peer gave the request (and answers it with).
 const PEER_REQUEST_ID: HeaderName = HeaderName::from_static("x-cycles-peer-request-id");
-/// The peer's rate limit counted the request already.
-const PEER_COUNTED: HeaderName = HeaderName::from_static("x-cycles-peer-counted");
 
 /// How long connecting to the holder may take: instances of one ledger are near each other.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -116,7 +113,6 @@ impl Forwarder {
         let presented = headers.remove(PEER);
         let client = headers.remove(PEER_CLIENT);
         let request_id = headers.remove(PEER_REQUEST_ID);
-        let counted = headers.remove(PEER_COUNTED).is_some();
         let (Some(presented), Some(secret)) = (presented, self.store.peer_secret()) else {
             return;
         };
@@ -133,9 +129,6 @@ impl Forwarder {
             correlation.request_id = id;
         }
         request.extensions_mut().insert(FromPeer);
-        if counted {
-            request.extensions_mut().insert(CountedByPeer);
-        }
     }
 
     fn suspended(&self) -> bool {
@@ -154,7 +147,6 @@ impl Forwarder {
         peer: &str,
         parts: &axum::http::request::Parts,
         body: Bytes,
-        counted: bool,
     ) -> Result<Response, Failed> {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         // A client's peer headers are gone (`accept`): only this instance's are sent.
@@ -163,9 +155,6 @@ impl Forwarder {
             if let Ok(v) = HeaderValue::from_str(&secret) {
                 headers.insert(PEER, v);
             }
-        }
-        if counted {
-            headers.insert(PEER_COUNTED, HeaderValue::from_static("1"));
         }
         crate::origin::with_current(|origin| {
             headers.insert(PEER_REQUEST_ID, origin.correlation.request_id.clone());
@@ -250,10 +239,8 @@ pub async fn run(forwarder: Option<&Forwarder>, request: Request, next: Next) ->
     let Some(ForwardTo(peer)) = response.extensions().get::<ForwardTo>().cloned() else {
         return response;
     };
-    // Without a rate limit here, the holder's counts it.
-    let counted = ratelimit::counted(&response);
     let counters = &forwarder.counters;
-    match forwarder.send(&peer, &parts, body.clone(), counted).await {
+    match forwarder.send(&peer, &parts, body.clone()).await {
         Ok(response) => {
             counters.sent.fetch_add(1, Ordering::Relaxed);
             response

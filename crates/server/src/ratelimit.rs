@@ -4,7 +4,10 @@
 //! none is presented) gets a token bucket refilled at `per_second` up to `burst`. An empty
 //! bucket answers 429 `LIMIT_EXCEEDED` with `Retry-After` (delta-seconds) and
 //! `X-RateLimit-Reset` (Unix seconds). Buckets live in this process: with several instances
-//! each enforces its own share.
+//! each enforces its own share, except for the requests an instance hands to the Redis
+//! engine's lease holder (`crate::forward`): it gives their token back and the holder
+//! counts them, so every write of a credential is counted by one instance, whichever
+//! instance it reached.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,7 +22,7 @@ use protocol::{ApiError, ErrorCode};
 use sha2::{Digest, Sha256};
 
 use crate::auth::{ADMIN_KEY_HEADER, API_KEY_HEADER};
-use crate::reply::{unix_now_s, Failure, RATE_LIMIT_RESET};
+use crate::reply::{unix_now_s, Failure, ForwardTo, RATE_LIMIT_RESET};
 
 /// Buckets kept at most; past this, full (idle) buckets are dropped first.
 const MAX_BUCKETS: usize = 100_000;
@@ -88,6 +91,16 @@ impl Limiter {
             }
         }
     }
+
+    /// Gives back the token `who` took for a request another instance counts.
+    fn give_back(&self, who: [u8; 32]) {
+        let Ok(mut buckets) = self.buckets.lock() else {
+            return;
+        };
+        if let Some(bucket) = buckets.get_mut(&who) {
+            bucket.tokens = (bucket.tokens + 1.0).min(self.limit.burst);
+        }
+    }
 }
 
 /// Who is asking: the presented key (hashed), else the peer address.
@@ -109,24 +122,16 @@ fn credential(request: &Request) -> [u8; 32] {
 
 const REMAINING_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 
-/// On a request another instance of a Redis-engine ledger handed on (`crate::forward`):
-/// that instance's rate limit counted it already, so it is not counted again.
-#[derive(Debug, Clone, Copy)]
-pub struct CountedByPeer;
-
-/// Whether this layer counted the request `response` answers (it says what is left).
-pub fn counted(response: &Response) -> bool {
-    response.headers().contains_key(REMAINING_HEADER)
-}
-
 pub async fn layer(State(limiter): State<Arc<Limiter>>, request: Request, next: Next) -> Response {
-    // The instance the client reached has counted it already.
-    if request.extensions().get::<CountedByPeer>().is_some() {
-        return next.run(request).await;
-    }
-    match limiter.take(credential(&request), Instant::now()) {
+    let who = credential(&request);
+    match limiter.take(who, Instant::now()) {
         Verdict::Allowed { remaining } => {
             let mut response = next.run(request).await;
+            if response.extensions().get::<ForwardTo>().is_some() {
+                // Handed to the lease's holder, whose rate limit counts it.
+                limiter.give_back(who);
+                return response;
+            }
             let headers = response.headers_mut();
             headers.insert(REMAINING_HEADER, HeaderValue::from(remaining));
             headers.insert(RATE_LIMIT_RESET, HeaderValue::from(unix_now_s() + 1));
