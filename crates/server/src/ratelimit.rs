@@ -175,4 +175,29 @@ mod tests {
             Verdict::Allowed { .. }
         ));
     }
+
+    #[test]
+    fn a_token_given_back_is_there_again_never_past_the_burst() {
+        let l = Limiter::new(RateLimit {
+            per_second: 0.001,
+            burst: 2.0,
+        });
+        let t0 = Instant::now();
+        let who = [3u8; 32];
+        assert!(matches!(l.take(who, t0), Verdict::Allowed { remaining: 1 }));
+        l.give_back(who);
+        assert!(matches!(l.take(who, t0), Verdict::Allowed { remaining: 1 }));
+        assert!(matches!(l.take(who, t0), Verdict::Allowed { remaining: 0 }));
+        assert!(matches!(l.take(who, t0), Verdict::Limited { .. }));
+        for _ in 0..3 {
+            l.give_back(who);
+        }
+        assert!(matches!(l.take(who, t0), Verdict::Allowed { remaining: 1 }));
+        // A credential never seen gets nothing back (its bucket starts full anyway).
+        l.give_back([4u8; 32]);
+        assert!(matches!(
+            l.take([4u8; 32], t0),
+            Verdict::Allowed { remaining: 1 }
+        ));
+    }
 }
