@@ -177,14 +177,8 @@ async fn assert_every_instance_wrote(bases: &[String]) {
         assert!(rounds[i] > 0, "{base} never wrote");
         assert!(leases[i] > 1, "{base} took the lease once only");
     }
-    let snapshots: u64 = counters(bases, "cycles_redis_snapshots_total")
-        .await
-        .iter()
-        .sum();
-    let reads_without_lease: u64 = counters(bases, "cycles_redis_reads_without_lease_total")
-        .await
-        .iter()
-        .sum();
+    let snapshots = total(bases, "cycles_redis_snapshots_total").await;
+    let reads_without_lease = total(bases, "cycles_redis_reads_without_lease_total").await;
     assert!(snapshots > 0, "the log was never compacted");
     assert!(
         reads_without_lease > 0,
@@ -209,16 +203,15 @@ async fn counters(bases: &[String], name: &str) -> Vec<u64> {
     values
 }
 
+/// One counter of `/metrics`, summed over `bases`.
+async fn total(bases: &[String], name: &str) -> u64 {
+    counters(bases, name).await.iter().sum()
+}
+
 /// Instances handed their writes to the holder, and none of those was lost.
 async fn assert_writes_were_handed_on(bases: &[String]) {
-    let sent: u64 = counters(bases, "cycles_forward_sent_total")
-        .await
-        .iter()
-        .sum();
-    let lost: u64 = counters(bases, "cycles_forward_lost_total")
-        .await
-        .iter()
-        .sum();
+    let sent = total(bases, "cycles_forward_sent_total").await;
+    let lost = total(bases, "cycles_forward_lost_total").await;
     assert!(sent > 100, "only {sent} requests were handed to the holder");
     assert_eq!(lost, 0, "requests handed on went unanswered");
 }
@@ -228,8 +221,7 @@ async fn assert_writes_were_handed_on(bases: &[String]) {
 /// it on); peer headers a client makes up, without the ledger's secret, are ignored.
 async fn assert_audit_follows_each_request(bases: &[String]) {
     let http = client();
-    let sent = |v: Vec<u64>| v.iter().sum::<u64>();
-    let sent_before = sent(counters(bases, "cycles_forward_sent_total").await);
+    let sent_before = total(bases, "cycles_forward_sent_total").await;
     let mut answered = Vec::new();
     for (i, base) in bases.iter().enumerate() {
         let resp = http
@@ -264,7 +256,7 @@ async fn assert_audit_follows_each_request(bases: &[String]) {
         assert!(audited.contains(&id.as_str()), "{id} not in {audited:?}");
     }
     assert!(!audited.contains(&"made-up"));
-    let sent_after = sent(counters(bases, "cycles_forward_sent_total").await);
+    let sent_after = total(bases, "cycles_forward_sent_total").await;
     assert!(sent_after > sent_before, "no audited write was handed on");
 }
 
@@ -413,10 +405,7 @@ async fn writes_handed_to_the_holder_share_one_rate_limit() {
     // Through the first instance, which takes the lease.
     let key = provision(&fleet.bases[0], "storm", &budgets, UNIT).await;
     let http = client();
-    let sent_before: u64 = counters(&fleet.bases, "cycles_forward_sent_total")
-        .await
-        .iter()
-        .sum();
+    let sent_before = total(&fleet.bases, "cycles_forward_sent_total").await;
     // One key's writes, to every instance in turn: each instance alone would allow a
     // burst of 5, so 15 in all if each counted its own.
     let (mut held, mut limited) = (0, 0);
@@ -441,10 +430,7 @@ async fn writes_handed_to_the_holder_share_one_rate_limit() {
             _ => panic!("{status}: {reply}"),
         }
     }
-    let sent_after: u64 = counters(&fleet.bases, "cycles_forward_sent_total")
-        .await
-        .iter()
-        .sum();
+    let sent_after = total(&fleet.bases, "cycles_forward_sent_total").await;
     assert!(sent_after > sent_before, "no write was handed on");
     assert!(limited > 0, "15 writes in a burst of 5 were never limited");
     assert!(

@@ -921,10 +921,36 @@ mod tests {
         }
     }
 
-    fn test_redis() -> Option<(String, String)> {
-        let url = std::env::var("CYCLES_TEST_REDIS_URL").ok()?;
-        let namespace = format!("cycles-compactor-lock-{}", uuid::Uuid::new_v4().simple());
-        Some((url, namespace))
+    /// Two compactors of one new ledger on the test Redis (none without one), their locks
+    /// lasting `ttl`, and a connection.
+    struct Pair {
+        url: String,
+        namespace: String,
+        first: Compactor,
+        second: Compactor,
+        conn: Conn,
+    }
+
+    impl Pair {
+        fn new(ttl: Duration, names: [&str; 2]) -> Option<Pair> {
+            let url = std::env::var("CYCLES_TEST_REDIS_URL").ok()?;
+            let namespace = format!("cycles-compactor-lock-{}", uuid::Uuid::new_v4().simple());
+            let first = compactor(&url, &namespace, names[0], ttl);
+            let second = compactor(&url, &namespace, names[1], ttl);
+            let conn = Conn::open(&url, &Topology::Single, first.timeout).expect("connect");
+            Some(Pair {
+                url,
+                namespace,
+                first,
+                second,
+                conn,
+            })
+        }
+
+        fn clean_up(self) {
+            super::super::delete_ledger(&self.url, &Topology::Single, &self.namespace)
+                .expect("clean up");
+        }
     }
 
     fn lock_holder(conn: &mut Conn, keys: &Keys) -> Option<String> {
@@ -936,67 +962,48 @@ mod tests {
 
     #[test]
     fn a_kept_lock_outlasts_its_time_to_live_and_a_lapsed_one_is_refused() {
-        let Some((url, namespace)) = test_redis() else {
+        let ttl = Duration::from_millis(300);
+        let Some(mut pair) = Pair::new(ttl, ["first", "second"]) else {
             return;
         };
-        let ttl = Duration::from_millis(300);
-        let first = compactor(&url, &namespace, "first", ttl);
-        let second = compactor(&url, &namespace, "second", ttl);
+        let (first, second, conn) = (&pair.first, &pair.second, &mut pair.conn);
         let scripts = Scripts::default();
-        let mut conn = Conn::open(&url, &Topology::Single, first.timeout).expect("connect");
 
-        let mut lock = first
-            .try_lock(&scripts, &mut conn)
-            .expect("lock")
-            .expect("free");
-        assert!(second
-            .try_lock(&scripts, &mut conn)
-            .expect("lock")
-            .is_none());
+        let mut lock = first.try_lock(&scripts, conn).expect("lock").expect("free");
+        assert!(second.try_lock(&scripts, conn).expect("lock").is_none());
         // Kept for four times its time to live, it is still this compactor's.
         let kept = Instant::now();
         while kept.elapsed() < ttl * 4 {
-            lock.keep(&mut conn).expect("kept");
+            lock.keep(conn).expect("kept");
             thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(
-            lock_holder(&mut conn, &first.keys).as_deref(),
-            Some("first")
-        );
-        assert!(second
-            .try_lock(&scripts, &mut conn)
-            .expect("lock")
-            .is_none());
+        assert_eq!(lock_holder(conn, &first.keys).as_deref(), Some("first"));
+        assert!(second.try_lock(&scripts, conn).expect("lock").is_none());
 
         // Left alone, it lapses; another takes it, and the first is refused from then on.
         thread::sleep(ttl + Duration::from_millis(100));
-        let taken = second.try_lock(&scripts, &mut conn).expect("lock");
+        let taken = second.try_lock(&scripts, conn).expect("lock");
         assert!(taken.is_some(), "the lapsed lock could not be taken");
         assert!(matches!(
-            lock.keep(&mut conn),
+            lock.keep(conn),
             Err(LogError::Refused(Refused::CompactorLock))
         ));
         // Giving it up is only for its holder.
-        first.unlock(&scripts, &mut conn);
-        assert_eq!(
-            lock_holder(&mut conn, &first.keys).as_deref(),
-            Some("second")
-        );
-        second.unlock(&scripts, &mut conn);
-        assert_eq!(lock_holder(&mut conn, &first.keys), None);
-        super::super::delete_ledger(&url, &Topology::Single, &namespace).expect("clean up");
+        first.unlock(&scripts, conn);
+        assert_eq!(lock_holder(conn, &first.keys).as_deref(), Some("second"));
+        second.unlock(&scripts, conn);
+        assert_eq!(lock_holder(conn, &first.keys), None);
+        pair.clean_up();
     }
 
     #[test]
     fn a_compactor_whose_lock_lapsed_deletes_no_snapshot_parts() {
-        let Some((url, namespace)) = test_redis() else {
+        let ttl = Duration::from_millis(200);
+        let Some(mut pair) = Pair::new(ttl, ["stalled", "next"]) else {
             return;
         };
-        let ttl = Duration::from_millis(200);
-        let stalled = compactor(&url, &namespace, "stalled", ttl);
-        let next = compactor(&url, &namespace, "next", ttl);
+        let (stalled, next, conn) = (&pair.first, &pair.second, &mut pair.conn);
         let scripts = Scripts::default();
-        let mut conn = Conn::open(&url, &Topology::Single, stalled.timeout).expect("connect");
         let keys = &stalled.keys;
         // The next compactor's snapshot, half written: more parts than one command deletes.
         let parts = PARTS_PER_DELETE as u64 + 3;
@@ -1021,31 +1028,31 @@ mod tests {
         };
 
         let mut lock = stalled
-            .try_lock(&scripts, &mut conn)
+            .try_lock(&scripts, conn)
             .expect("lock")
             .expect("free");
         thread::sleep(ttl + Duration::from_millis(100));
         let mut next_lock = next
-            .try_lock(&scripts, &mut conn)
+            .try_lock(&scripts, conn)
             .expect("lock")
             .expect("lapsed");
-        let refused = stalled.delete_pending(&mut conn, &mut lock, None);
+        let refused = stalled.delete_pending(conn, &mut lock, None);
         assert!(
             matches!(refused, Err(LogError::Refused(Refused::CompactorLock))),
             "{refused:?}"
         );
-        assert_eq!(count_parts(&mut conn), parts as i64);
+        assert_eq!(count_parts(conn), parts as i64);
 
         // The lock's holder deletes them all, and the pending list with them.
-        next.delete_pending(&mut conn, &mut next_lock, None)
+        next.delete_pending(conn, &mut next_lock, None)
             .expect("deleted");
-        assert_eq!(count_parts(&mut conn), 0);
+        assert_eq!(count_parts(conn), 0);
         let pending: Vec<String> = ::redis::cmd("SMEMBERS")
             .arg(&keys.pending)
             .query(conn.link())
             .expect("SMEMBERS");
         assert!(pending.is_empty(), "{pending:?}");
-        next.unlock(&scripts, &mut conn);
-        super::super::delete_ledger(&url, &Topology::Single, &namespace).expect("clean up");
+        next.unlock(&scripts, conn);
+        pair.clean_up();
     }
 }
