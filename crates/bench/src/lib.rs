@@ -46,6 +46,12 @@ pub struct RunArgs {
     /// The server's base URL (http only).
     #[arg(long, env = "CYCLES_URL", default_value = "http://127.0.0.1:7878")]
     pub url: String,
+    /// Other instances serving the same ledger (Redis engine): the clients of the
+    /// lifecycle and fan-out cells connect to `--url` and these in turn, as behind a load
+    /// balancer. Everything else goes to `--url`, whose counters are the only ones read, so
+    /// those cells' server figures per operation are not given.
+    #[arg(long, value_delimiter = ',')]
+    pub spread_url: Vec<String>,
     /// The admin key: the suite provisions its own tenants, keys and budgets.
     #[arg(long, env = "CYCLES_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_key: String,
@@ -208,6 +214,7 @@ fn config(args: &RunArgs) -> anyhow::Result<suite::Config> {
     });
     Ok(suite::Config {
         url: args.url.clone(),
+        spread_urls: args.spread_url.clone(),
         admin_key: args.admin_key.clone(),
         data_dir: args.data_dir.clone(),
         redis_url: args.redis_url.clone(),

@@ -172,6 +172,9 @@ impl Collector {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetInfo {
     pub url: String,
+    /// Further instances of the same ledger the concurrent cells' clients were spread over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spread_urls: Vec<String>,
     /// `embedded` when the server reports the embedded engine's counters, else `unknown`.
     pub engine: String,
     /// `strict` / `none` as given or inferred from the journal's sync counter.
@@ -555,6 +558,7 @@ pub(crate) mod tests {
             generated_at_unix: 0,
             target: TargetInfo {
                 url: "http://127.0.0.1:7878".into(),
+                spread_urls: Vec::new(),
                 engine: "embedded".into(),
                 durability: durability.into(),
                 server_pid: None,

@@ -43,6 +43,8 @@ const BUDGET_LIST_QUERY: &str =
 #[derive(Debug, Clone)]
 pub struct Config {
     pub url: String,
+    /// Further instances of the same ledger the concurrent cells' clients are spread over.
+    pub spread_urls: Vec<String>,
     pub admin_key: String,
     pub data_dir: Option<PathBuf>,
     pub redis_url: Option<String>,
@@ -54,6 +56,8 @@ pub struct Config {
 pub struct Suite {
     cfg: Config,
     target: Target,
+    /// The instances the concurrent cells' clients connect to in turn: `target` first.
+    spread: Vec<Target>,
     admin: Admin,
     progress: Progress,
     run_id: String,
@@ -105,12 +109,17 @@ impl Shape {
 impl Suite {
     pub async fn new(cfg: Config) -> anyhow::Result<Suite> {
         let target = Target::resolve(&cfg.url).await?;
+        let mut spread = vec![target.clone()];
+        for url in &cfg.spread_urls {
+            spread.push(Target::resolve(url).await?);
+        }
         let admin = Admin::new(&target, &cfg.admin_key);
         let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
         Ok(Suite {
             durability: cfg.durability.clone(),
             cfg,
             target,
+            spread,
             admin,
             progress: Progress::new(),
             run_id,
@@ -200,6 +209,7 @@ impl Suite {
                 .map_or(0, |d| d.as_secs()),
             target: TargetInfo {
                 url: self.target.url.clone(),
+                spread_urls: self.cfg.spread_urls.clone(),
                 engine: self.engine.clone(),
                 durability,
                 server_pid: self.cfg.server_pid,
@@ -938,7 +948,13 @@ impl Suite {
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             let agent = agents.map(|_| format!("fanout-{i}"));
-            out.push(self.client(tenant, agent.as_deref()).await?);
+            let mut rt = Runtime::new(
+                &self.spread[i % self.spread.len()],
+                tenant,
+                agent.as_deref(),
+            );
+            rt.connect().await?;
+            out.push(rt);
         }
         Ok(out)
     }
@@ -959,7 +975,11 @@ impl Suite {
         let after = self.counters().await;
         ticker.abort();
         phase.finish();
-        let per_op = after.per_op(&before, &self.overhead, load.histogram.len() as usize);
+        // Spread over instances, the work is not all in the one whose counters are read.
+        let per_op = match self.spread.len() {
+            1 => after.per_op(&before, &self.overhead, load.histogram.len() as usize),
+            _ => PerOp::default(),
+        };
         (load, per_op)
     }
 

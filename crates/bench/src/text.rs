@@ -122,13 +122,22 @@ fn per_op(s: &Option<Spread>) -> String {
 }
 
 /// The whole human-readable report.
+/// The instances the concurrent cells' clients were spread over besides the first.
+fn instances(urls: &[String]) -> String {
+    match urls {
+        [] => String::new(),
+        urls => format!(" (concurrent cells spread over it and {})", urls.join(", ")),
+    }
+}
+
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let e = &r.environment;
     let _ = writeln!(
         out,
-        "Cycles benchmark: {}  engine={}  durability={}{}",
+        "Cycles benchmark: {}{}  engine={}  durability={}{}",
         r.target.url,
+        instances(&r.target.spread_urls),
         r.target.engine,
         r.target.durability,
         if r.target.durability == "none" {
