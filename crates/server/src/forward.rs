@@ -1,10 +1,12 @@
 //! Handing a request to the instance that holds the Redis engine's writer's lease
 //! (`--redis-advertise-url`).
 //!
-//! An instance without the lease answers a write it may hand on with
-//! `StoreError::Forward` (the holder's address) instead of waiting for the lease; the
-//! handler's response then carries [`ForwardTo`], and [`run`] sends the request, as it came,
-//! to the holder and answers with the holder's response. The holder knows the request is a
+//! An instance without the lease sends a request meant to write, as it came, to the holder
+//! its writer read a moment ago, before the request's handler runs, and answers with the
+//! holder's response ([`run`]). Otherwise the request runs here, and an operation it may
+//! hand on is answered `StoreError::Forward` (the holder's address) once a round finds a
+//! peer holding the lease, instead of waiting for it; the handler's response then carries
+//! [`ForwardTo`], and the request is sent on the same way. The holder knows the request is a
 //! peer's by the ledger's secret in [`PEER`] (read from Redis by every instance): it takes
 //! the client's address and the request id from the peer, runs it without handing it on
 //! again (so a request never travels twice), and counts it against its rate limit (the
@@ -208,8 +210,10 @@ fn end_to_end(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Runs the request (`next`); if it was answered [`ForwardTo`] the lease's holder, sends it
-/// there and answers the holder's response. Only a request whose whole body is known to fit
-/// may be handed on (it is held to be sent again); any other runs here.
+/// there and answers the holder's response. A request meant to write goes to a holder read
+/// a moment ago at once, without its handler running here: the holder runs it whole, as it
+/// would once the first operation was handed on. Only a request whose whole body is known
+/// to fit may be handed on (it is held to be sent again); any other runs here.
 pub async fn run(forwarder: Option<&Forwarder>, request: Request, next: Next) -> Response {
     let Some(forwarder) = forwarder else {
         return next.run(request).await;
@@ -228,41 +232,65 @@ pub async fn run(forwarder: Option<&Forwarder>, request: Request, next: Next) ->
         return Failure::from(ApiError::invalid("The request body could not be read"))
             .into_response();
     };
-    // A request that means to change something is handed on as soon as its first
-    // operation finds a peer holding the lease; one that reads only if it turns out to write.
+    // A request that means to change something is handed on as soon as a peer is known to
+    // hold the lease; one that reads only if it turns out to write.
     let handing = match parts.method {
         Method::GET | Method::HEAD => Handing::IfItWrites,
         _ => Handing::Always,
     };
-    let here = Request::from_parts(parts.clone(), Body::from(body.clone()));
-    let response = store::forwarding::allow(handing, next.clone().run(here)).await;
-    let Some(ForwardTo(peer)) = response.extensions().get::<ForwardTo>().cloned() else {
-        return response;
+    let holder = match handing {
+        Handing::Always => forwarder.store.holder_address(),
+        Handing::IfItWrites => None,
     };
-    let counters = &forwarder.counters;
-    match forwarder.send(&peer, &parts, body.clone()).await {
-        Ok(response) => {
-            counters.sent.fetch_add(1, Ordering::Relaxed);
-            response
+    let peer = match holder {
+        Some(peer) => peer,
+        None => {
+            let here = Request::from_parts(parts.clone(), Body::from(body.clone()));
+            let response = store::forwarding::allow(handing, next.clone().run(here)).await;
+            match response.extensions().get::<ForwardTo>() {
+                Some(ForwardTo(peer)) => peer.clone(),
+                None => return response,
+            }
         }
-        Err(Failed::NotSent(e)) => {
-            counters.unreachable.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, error = %e, "the instance holding the writer's lease cannot be reached: requests wait for the lease here for a while");
-            forwarder.suspend();
-            next.run(Request::from_parts(parts, Body::from(body))).await
-        }
-        Err(Failed::Lost(e)) => {
-            counters.lost.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, error = %e, "a request handed to the instance holding the writer's lease went unanswered");
-            Failure::from(
-                ApiError::unavailable(format!(
-                    "The instance writing the ledger did not answer, so whether this was \
-                     recorded is unknown; retry with the same idempotency key, which answers \
-                     it either way: {e}"
-                ))
-                .retry_after(1),
-            )
-            .into_response()
+    };
+    forwarder.hand_on(&peer, parts, body, next).await
+}
+
+impl Forwarder {
+    /// Sends the request to `peer` and answers its response; if the peer cannot be
+    /// reached, runs it here (`next`), waiting for the lease.
+    async fn hand_on(
+        &self,
+        peer: &str,
+        parts: axum::http::request::Parts,
+        body: Bytes,
+        next: Next,
+    ) -> Response {
+        let counters = &self.counters;
+        match self.send(peer, &parts, body.clone()).await {
+            Ok(response) => {
+                counters.sent.fetch_add(1, Ordering::Relaxed);
+                response
+            }
+            Err(Failed::NotSent(e)) => {
+                counters.unreachable.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, error = %e, "the instance holding the writer's lease cannot be reached: requests wait for the lease here for a while");
+                self.suspend();
+                next.run(Request::from_parts(parts, Body::from(body))).await
+            }
+            Err(Failed::Lost(e)) => {
+                counters.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, error = %e, "a request handed to the instance holding the writer's lease went unanswered");
+                Failure::from(
+                    ApiError::unavailable(format!(
+                        "The instance writing the ledger did not answer, so whether this was \
+                         recorded is unknown; retry with the same idempotency key, which answers \
+                         it either way: {e}"
+                    ))
+                    .retry_after(1),
+                )
+                .into_response()
+            }
         }
     }
 }

@@ -5,9 +5,10 @@
 //! bucket answers 429 `LIMIT_EXCEEDED` with `Retry-After` (delta-seconds) and
 //! `X-RateLimit-Reset` (Unix seconds). Buckets live in this process: with several instances
 //! each enforces its own share, except for the requests an instance hands to the Redis
-//! engine's lease holder (`crate::forward`): it gives their token back and the holder
-//! counts them, so every write of a credential is counted by one instance, whichever
-//! instance it reached.
+//! engine's lease holder (`crate::forward`): one sent before its handler ran takes no
+//! token, one handed on at its first operation gives its token back, and the holder counts
+//! them, so every write of a credential is counted by one instance, whichever instance it
+//! reached.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

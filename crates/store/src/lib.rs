@@ -189,6 +189,16 @@ impl Engine {
     pub fn forwards(&self) -> bool {
         matches!(self, Engine::Redis(store) if store.forwards())
     }
+
+    /// The address of the peer holding the writer's lease, as read a moment ago, when
+    /// this instance hands writes on: a write sent there at once is run there, as one
+    /// answered [`StoreError::Forward`] at its first operation would be.
+    pub fn holder_address(&self) -> Option<Arc<str>> {
+        match self {
+            Engine::Redis(store) if store.forwards() => store.holder_address(),
+            _ => None,
+        }
+    }
 }
 
 impl Store for Engine {

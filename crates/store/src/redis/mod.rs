@@ -41,7 +41,6 @@ use std::time::Duration;
 use ledger::Operation;
 use tokio::sync::oneshot;
 
-use crate::forwarding::Handing;
 use crate::history::{History, Projector, Retention};
 use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
 
@@ -214,15 +213,9 @@ impl RedisStore {
         load: Load,
         context: RequestContext<O::Output>,
     ) -> Result<Reply<O::Output>, StoreError> {
+        // A request meant to write finds a holder read a moment ago before its handler runs
+        // (the server asks [`RedisStore::holder_address`]); here, it waits for a round.
         let forwardable = crate::forwarding::allowed();
-        // A request meant to write goes to a holder read a moment ago, untried and without
-        // waking the writer.
-        if forwardable == Some(Handing::Always) {
-            if let Some(peer) = self.shared.holder_address() {
-                Counters::add(&self.shared.counters.forwarded, 1);
-                return Err(StoreError::Forward(peer));
-            }
-        }
         let (answer, rx) = oneshot::channel();
         let RequestContext { origin, audit } = context;
         let job = OperationJob {
@@ -267,6 +260,13 @@ impl RedisStore {
     /// Whether writes may be answered [`StoreError::Forward`].
     pub fn forwards(&self) -> bool {
         self.forwards
+    }
+
+    /// The peer holding the lease, if a round read it a moment ago: the server sends a
+    /// request meant to write there at once, untried, without running its handler or
+    /// waking the writer.
+    pub fn holder_address(&self) -> Option<Arc<str>> {
+        self.shared.holder_address()
     }
 
     /// Waits until this instance has read the log to its end (as of now) and handed its

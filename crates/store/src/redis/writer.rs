@@ -210,7 +210,7 @@ impl Shared {
             m("cycles_redis_handoffs_total", "Times this instance gave the lease up to another that wanted it.", true, get(&c.handoffs)),
             m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
             m("cycles_redis_unreplicated_total", "Rounds that did not reach the replicas asked for (--redis-replicas) in time: their operations were answered outcome unknown.", true, get(&c.unreplicated)),
-            m("cycles_redis_forwarded_total", "Operations this instance handed to the instance holding the writer's lease (--redis-advertise-url), instead of waiting for the lease.", true, get(&c.forwarded)),
+            m("cycles_redis_forwarded_total", "Operations a round of this instance handed to the instance holding the writer's lease (--redis-advertise-url), instead of waiting for the lease (requests sent there before their handler ran are in cycles_forward_sent_total only).", true, get(&c.forwarded)),
             m("cycles_redis_reads_without_lease_total", "Operations that changed nothing, answered by an instance without the writer's lease once it had read the log to its end.", true, get(&c.reads)),
             m("cycles_redis_reloads_total", "Times the state was read again from Redis: after a failed append, or found behind a compaction.", true, get(&c.reloads)),
             m("cycles_redis_snapshots_total", "Compactions this instance made: the log's head replaced by a snapshot of the state, its history moved to the history streams.", true, get(&c.snapshots)),
