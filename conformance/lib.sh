@@ -46,6 +46,21 @@ start_cycles() {
   return 1
 }
 
+# A loopback port free at the moment of asking.
+free_port() {
+  "${PYTHON:-python3}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits (up to 10 s) until the server at <url> answers its liveness probe.
+wait_live() {
+  for _ in $(seq 1 100); do
+    curl -sf "$1/actuator/health/liveness" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "the server at $1 did not come up" >&2
+  return 1
+}
+
 stop_cycles() {
   if [ -n "${CYCLES_SERVER_PID:-}" ] && kill -0 "$CYCLES_SERVER_PID" 2>/dev/null; then
     kill "$CYCLES_SERVER_PID" 2>/dev/null || true
