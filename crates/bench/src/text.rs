@@ -121,7 +121,6 @@ fn per_op(s: &Option<Spread>) -> String {
     })
 }
 
-/// The whole human-readable report.
 /// The instances the concurrent cells' clients were spread over besides the first.
 fn instances(urls: &[String]) -> String {
     match urls {
@@ -130,6 +129,7 @@ fn instances(urls: &[String]) -> String {
     }
 }
 
+/// The whole human-readable report.
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let e = &r.environment;
@@ -352,5 +352,19 @@ mod tests {
         }
         assert_eq!(ms(f64::NAN), "n/a");
         assert_eq!(ms(123.456), "123.5");
+    }
+
+    #[test]
+    fn render_names_the_instances_clients_were_spread_over() {
+        let mut r = crate::report::tests::report("none", 1.0);
+        assert!(render(&r).starts_with("Cycles benchmark: http://127.0.0.1:7878  engine="));
+        r.target.spread_urls = vec![
+            "http://127.0.0.1:7879".into(),
+            "http://127.0.0.1:7880".into(),
+        ];
+        assert!(render(&r).starts_with(
+            "Cycles benchmark: http://127.0.0.1:7878 (concurrent cells spread over it and \
+             http://127.0.0.1:7879, http://127.0.0.1:7880)  engine="
+        ));
     }
 }
