@@ -97,6 +97,17 @@ enum Shape {
     Isolated,
 }
 
+/// A runtime client of `tenant` (as `agent`, if given), connected to `target`.
+async fn connected(
+    target: &Target,
+    tenant: &Tenant,
+    agent: Option<&str>,
+) -> anyhow::Result<Runtime> {
+    let mut rt = Runtime::new(target, tenant, agent);
+    rt.connect().await?;
+    Ok(rt)
+}
+
 impl Shape {
     fn name(self) -> &'static str {
         match self {
@@ -294,9 +305,7 @@ impl Suite {
     }
 
     async fn client(&self, tenant: &Tenant, agent: Option<&str>) -> anyhow::Result<Runtime> {
-        let mut rt = Runtime::new(&self.target, tenant, agent);
-        rt.connect().await?;
-        Ok(rt)
+        connected(&self.target, tenant, agent).await
     }
 
     fn record(&mut self, meta: CaseMeta, sample: Sample, error: Option<String>) {
@@ -948,13 +957,8 @@ impl Suite {
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             let agent = agents.map(|_| format!("fanout-{i}"));
-            let mut rt = Runtime::new(
-                &self.spread[i % self.spread.len()],
-                tenant,
-                agent.as_deref(),
-            );
-            rt.connect().await?;
-            out.push(rt);
+            let target = &self.spread[i % self.spread.len()];
+            out.push(connected(target, tenant, agent.as_deref()).await?);
         }
         Ok(out)
     }
