@@ -28,7 +28,7 @@ urls=()
 for i in 1 2 3; do
   port="$(free_port)"
   url="http://127.0.0.1:$port"
-  "$bin" serve --listen "127.0.0.1:$port" --redis-advertise-url "$url" \
+  "$bin" serve --listen "127.0.0.1:$port" --redis-advertise-url "$url" --data-dir "$work/data-$i" \
     --admin-api-key "$admin_key" --log warn >"$work/serve-$i.out" 2>"$work/serve-$i.err" &
   pids+=("$!")
   urls+=("$url")

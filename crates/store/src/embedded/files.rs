@@ -25,6 +25,28 @@ pub fn private_file() -> OpenOptions {
     options
 }
 
+/// Takes `dir`'s `LOCK` file (created owner-only) for as long as the returned file stays
+/// open, so that two processes never share a directory: the second is refused here instead
+/// of writing (or, for the Redis engine's history cache, deleting) the first one's files.
+pub fn lock_dir(dir: &Path) -> io::Result<File> {
+    let lock = private_file()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "data directory {} is in use by another process (each needs its own)",
+                dir.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
 pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
     dir.join(format!("journal-{first_seq:020}.log"))
 }
@@ -65,4 +87,20 @@ pub fn list_snapshots(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// Makes a directory entry change (create, rename, delete) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_locked_directory_is_refused_until_its_lock_is_closed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let first = lock_dir(dir.path()).expect("the first lock");
+        let refused = lock_dir(dir.path()).expect_err("a second lock of the same directory");
+        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
+        assert!(refused.to_string().contains("is in use by another process"));
+        drop(first);
+        lock_dir(dir.path()).expect("the lock, once the first is closed");
+    }
 }

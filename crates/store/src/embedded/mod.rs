@@ -8,7 +8,7 @@ mod commit;
 mod faults;
 pub use faults::{DiskFault, DiskFaults};
 mod files;
-pub use files::{create_private_dir, private_file};
+pub use files::{create_private_dir, lock_dir, private_file};
 pub mod journal;
 mod recovery;
 pub mod snapshot;
@@ -285,20 +285,7 @@ fn open_durable(
 ) -> io::Result<(State, JournalWriter, File, OpenReport, Projector)> {
     let dir = &config.data_dir;
     create_private_dir(dir)?;
-    let lock = private_file()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("LOCK"))?;
-    lock.try_lock().map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::WouldBlock,
-            format!(
-                "data directory {} is in use by another process",
-                dir.display()
-            ),
-        )
-    })?;
+    let lock = lock_dir(dir)?;
     let projector = Projector::open_embedded(Some(dir), config.retention, config.clock.clone())?;
     let held = projector.history().held_seq()?;
     let mut backlog = Vec::new();

@@ -156,6 +156,9 @@ pub struct RedisStore {
     shared: Arc<Shared>,
     seat: Arc<WriterSeat>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The history directory's lock, held while the store is open: two instances on one
+    /// machine never share (and delete) one history cache.
+    _lock: std::fs::File,
 }
 
 impl RedisStore {
@@ -169,7 +172,8 @@ impl RedisStore {
                  routed to the ledger's master)",
             ));
         }
-        let _ = std::fs::create_dir_all(&config.history_dir);
+        crate::embedded::create_private_dir(&config.history_dir)?;
+        let lock = crate::embedded::lock_dir(&config.history_dir)?;
         // A cache of the log: what an earlier run left may be another ledger's.
         for suffix in ["", "-wal", "-shm"] {
             let path = config
@@ -200,6 +204,7 @@ impl RedisStore {
             shared,
             seat,
             thread: Mutex::new(Some(thread)),
+            _lock: lock,
         };
         Ok((store, report))
     }

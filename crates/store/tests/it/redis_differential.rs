@@ -617,6 +617,30 @@ async fn random_sequence(url: &str, steps: &[Step]) {
         .expect("delete the test ledger");
 }
 
+/// Two instances on one machine never share a history directory: the second is refused at
+/// start (each deletes the cache it finds there), and the directory is free again once the
+/// first has stopped.
+#[test]
+fn a_history_directory_serves_one_instance() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("dir-lock");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let first = open(&url, &namespace, clock.clone(), dir.path(), u64::MAX);
+    let mut config = RedisConfig::new(&url, dir.path(), clock.clone());
+    config.namespace = namespace.clone();
+    config.durability = RedisDurability::None;
+    let refused = RedisStore::open(config)
+        .err()
+        .expect("a second instance on the same history directory");
+    assert!(
+        refused.to_string().contains("is in use by another process"),
+        "{refused}"
+    );
+    drop(first);
+    drop(open(&url, &namespace, clock, dir.path(), u64::MAX));
+}
+
 /// The ledger's time is Redis's clock, whatever an instance's own clock says: two
 /// instances whose clocks are a year apart hold reservations until the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
