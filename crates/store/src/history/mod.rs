@@ -15,7 +15,7 @@ mod sqlite;
 
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
@@ -240,6 +240,8 @@ pub struct Projector {
     queue: Mutex<Option<SyncSender<Work>>>,
     progress: Arc<Progress>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Set by [`Projector::shutdown`]: a write that fails then is given up, not retried.
+    stopping: Arc<AtomicBool>,
 }
 
 /// Batches the writer may fall behind by before the syncer waits for it (backpressure, so a
@@ -260,11 +262,13 @@ impl Projector {
     ) -> io::Result<Self> {
         let (queue, work) = mpsc::sync_channel(QUEUE_DEPTH);
         let progress = Arc::new(Progress::default());
+        let stopping = Arc::new(AtomicBool::new(false));
         let writer = Writer {
             history: history.clone(),
             progress: progress.clone(),
             retention,
             clock,
+            stopping: stopping.clone(),
         };
         let thread = thread::Builder::new()
             .name("cycles-history".into())
@@ -274,6 +278,7 @@ impl Projector {
             queue: Mutex::new(Some(queue)),
             progress,
             thread: Mutex::new(Some(thread)),
+            stopping,
         })
     }
 
@@ -349,11 +354,16 @@ impl Projector {
         }
     }
 
-    /// Writes what is queued and stops the writer.
+    /// Writes what is queued and stops the writer. A write that fails from now on is given
+    /// up rather than retried, so that a failing disk cannot hold the process up: what it
+    /// held stays pending (the journal keeps its records) and is written at the next start.
     pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
         drop(self.queue.lock().unwrap_or_else(|e| e.into_inner()).take());
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(thread) = thread {
+            // Cuts short the wait before a retry.
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
@@ -372,6 +382,7 @@ struct Writer {
     progress: Arc<Progress>,
     retention: Retention,
     clock: Arc<dyn Clock>,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Writer {
@@ -390,13 +401,17 @@ impl Writer {
             while let Ok(more) = work.try_recv() {
                 batch.push(more);
             }
-            self.write(batch);
+            if !self.write(batch) {
+                return;
+            }
         }
     }
 
     /// Writes a batch, retrying until the disk takes it: the journal keeps every record
-    /// meanwhile, so nothing is lost, only late.
-    fn write(&self, batch: Vec<Work>) {
+    /// meanwhile, so nothing is lost, only late. Answers false when the write was given up
+    /// at shutdown: nothing after it may be written then (the store's held sequence number
+    /// would claim the entries that are missing).
+    fn write(&self, batch: Vec<Work>) -> bool {
         let count = batch.len() as u64;
         let mut upto = None;
         let mut entries = Vec::new();
@@ -416,8 +431,15 @@ impl Writer {
         if let Some(upto) = upto {
             let mut delay = Duration::from_millis(10);
             while let Err(e) = self.history.append(upto, &entries) {
+                if self.stopping.load(Ordering::Acquire) {
+                    tracing::error!(
+                        error = %e,
+                        "history store write failed at shutdown; its entries are written at the next start"
+                    );
+                    return false;
+                }
                 tracing::error!(error = %e, "history store write failed; retrying");
-                thread::sleep(delay);
+                thread::park_timeout(delay);
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
@@ -425,6 +447,7 @@ impl Writer {
             self.expire();
         }
         self.progress.mark_written(count);
+        true
     }
 
     fn expire(&self) {

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ledger::{
     Actor, AuditEntry, AuditFilter, AuditQuery, AuditSort, CreateTenant, CreateWebhook,
@@ -176,6 +177,47 @@ async fn a_history_behind_the_journal_catches_up_at_start() {
     let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
     assert_eq!(report.history_reprojected, 0);
     assert_eq!(entries(&store).await.len(), 3);
+}
+
+/// A history store that cannot be written (here a trigger refuses every audit row, as a
+/// failing disk would) does not hold the store's shutdown up retrying, and loses nothing:
+/// what it missed stays in the journal and is written at the next start.
+#[tokio::test]
+async fn a_history_write_failing_at_shutdown_is_given_up_and_written_at_the_next_start() {
+    let dir = TempDir::new().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let (store, _) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    let db = rusqlite::Connection::open(dir.path().join("history.sqlite")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    )
+    .unwrap();
+    let r = store
+        .execute_in(create("a", "A"), Load::Busy, audit("log_a", ADMIN_TENANT))
+        .await
+        .unwrap();
+    assert!(r.result.is_ok(), "acknowledged once in the journal");
+    // The writer has failed and is waiting to retry (it doubles its wait up to 5 s).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Stopped on a thread and runtime of its own: one that never stops must fail the test,
+    // not hang it (this runtime would wait for its blocking work when dropped).
+    let (stopped, stop) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(store.shutdown());
+        drop(store);
+        let _ = stopped.send(());
+    });
+    stop.recv_timeout(Duration::from_secs(20))
+        .expect("the store stops although its history cannot be written");
+    db.execute_batch("DROP TRIGGER refuse").unwrap();
+    drop(db);
+    let (store, report) = open(dir.path(), Durability::Strict, &clock, Retention::default());
+    // The record's audit entry and its `tenant.created` event.
+    assert_eq!(report.history_reprojected, 2);
+    assert_eq!(ids(&entries(&store).await), ["log_a"]);
 }
 
 /// A history store ahead of its journal (a data directory restored from a history copy taken
