@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::process::{assert_verify_ok, client, Server, ADMIN_KEY};
+use crate::process::{assert_serve_refused_in_use, assert_verify_ok, client, Server, ADMIN_KEY};
 
 const TENANT: &str = "crash";
 const SCOPE: &str = "tenant:crash";
@@ -440,4 +440,20 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
     let mut acked = BTreeMap::new();
     record(&mut acked, &logs);
     restart_and_check(&data, dirs.logs.path(), &acked).await;
+}
+
+/// A data directory serves one process: a second server on it is refused at start, saying
+/// why, and the first goes on serving.
+#[tokio::test]
+async fn a_second_server_on_a_data_directory_is_refused() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, dir.path()).await;
+    assert_serve_refused_in_use(&data, &[]);
+    let health = client()
+        .get(format!("{}/actuator/health", server.base))
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(health.status(), 200);
 }

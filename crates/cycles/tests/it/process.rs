@@ -193,6 +193,39 @@ pub fn client() -> reqwest::Client {
         .expect("http client")
 }
 
+/// `cycles serve --data-dir <data_dir> <args>` must exit at start, saying the directory is
+/// in use (a server that starts instead is killed, and the test fails).
+pub fn assert_serve_refused_in_use(data_dir: &Path, args: &[&str]) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cycles"))
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--admin-api-key", ADMIN_KEY])
+        .args(["--webhook-keys", WEBHOOK_KEY, "--data-dir"])
+        .arg(data_dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cycles serve");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a second cycles serve on {} started", data_dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert!(
+        !status.success() && stderr.contains("is in use by another process"),
+        "cycles serve {args:?} on a directory in use exited with {status}:\n{stderr}"
+    );
+}
+
 /// `cycles verify <args>` must exit 0 and report OK.
 pub fn assert_verify_ok(args: &[&str]) {
     let output = Command::new(env!("CARGO_BIN_EXE_cycles"))

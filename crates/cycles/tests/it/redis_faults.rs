@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url};
-use crate::process::{assert_verify_ok, client, free_port, RedisServe, Server};
+use crate::ledger_http::{assert_redis_ledger_ok, call, namespace, provision, redis_url};
+use crate::process::{
+    assert_serve_refused_in_use, assert_verify_ok, client, free_port, RedisServe, Server,
+};
 
 const TENANT: &str = "faults";
 const UNIT: &str = "USD_MICROCENTS";
@@ -732,4 +734,30 @@ async fn a_failover_under_load_loses_nothing_acknowledged() {
         "--redis-namespace",
         NAMESPACE,
     ]);
+}
+
+/// Two instances on one machine never share a data directory: each deletes the history
+/// cache it finds there at start, so a second one on it is refused, and the first goes on.
+#[tokio::test]
+async fn a_second_instance_on_a_data_directory_is_refused() {
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("data");
+    let ns = namespace("dir-in-use");
+    let server = Server::start_redis(&data, dir.path(), &RedisServe::new(&url, false, &ns)).await;
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-namespace",
+        &ns,
+    ];
+    assert_serve_refused_in_use(
+        &data,
+        &[&args[..], &["--redis-durability", "none"]].concat(),
+    );
+    assert!(ready(&server.base).await, "the first instance still serves");
 }
