@@ -754,10 +754,9 @@ async fn a_second_instance_on_a_data_directory_is_refused() {
         &url,
         "--redis-namespace",
         &ns,
+        "--redis-durability",
+        "none",
     ];
-    assert_serve_refused_in_use(
-        &data,
-        &[&args[..], &["--redis-durability", "none"]].concat(),
-    );
+    assert_serve_refused_in_use(&data, &args);
     assert!(ready(&server.base).await, "the first instance still serves");
 }

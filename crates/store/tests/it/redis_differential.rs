@@ -41,6 +41,18 @@ fn open(
     dir: &std::path::Path,
     snapshot_records: u64,
 ) -> RedisStore {
+    let config = config(url, namespace, clock, dir, snapshot_records);
+    RedisStore::open(config).expect("open the Redis engine").0
+}
+
+/// How [`open`] configures an instance.
+fn config(
+    url: &str,
+    namespace: &str,
+    clock: Arc<ManualClock>,
+    dir: &std::path::Path,
+    snapshot_records: u64,
+) -> RedisConfig {
     let mut config = RedisConfig::new(url, dir, clock);
     // The model's time is the test's.
     config.clock_from_redis = false;
@@ -48,7 +60,7 @@ fn open(
     config.durability = RedisDurability::None;
     config.timeout = Duration::from_secs(2);
     config.snapshot_records = snapshot_records;
-    RedisStore::open(config).expect("open the Redis engine").0
+    config
 }
 
 fn test_namespace(what: &str) -> String {
@@ -627,10 +639,8 @@ fn a_history_directory_serves_one_instance() {
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = Arc::new(ManualClock::new(T0));
     let first = open(&url, &namespace, clock.clone(), dir.path(), u64::MAX);
-    let mut config = RedisConfig::new(&url, dir.path(), clock.clone());
-    config.namespace = namespace.clone();
-    config.durability = RedisDurability::None;
-    let refused = RedisStore::open(config)
+    let second = config(&url, &namespace, clock.clone(), dir.path(), u64::MAX);
+    let refused = RedisStore::open(second)
         .err()
         .expect("a second instance on the same history directory");
     assert!(
