@@ -1,8 +1,8 @@
--- Points the ledger at a new snapshot and trims the log's records it holds, if the ledger
--- is still this one, this instance still holds the compactor's lock, the snapshot is newer
--- than the current one and the log holds every record it covers.
+-- Points the ledger at a new snapshot, if the ledger is still this one, this instance still
+-- holds the compactor's lock, the snapshot is newer than the current one and the log holds
+-- every record it covers. The compactor trims the log's records it holds after, in steps.
 -- KEYS: marker, version, snapshot, log, pending snapshots, compactor's lock
--- ARGV: marker, holder, name, version, parts, time (ms), bytes, the log's first id kept
+-- ARGV: marker, holder, name, version, parts, time (ms), bytes
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 'WIPED'
 end
@@ -24,5 +24,4 @@ end
 redis.call('SREM', KEYS[5], ARGV[3])
 redis.call('HSET', KEYS[3], 'name', ARGV[3], 'version', ARGV[4], 'parts', ARGV[5],
   'at', ARGV[6], 'bytes', ARGV[7])
-redis.call('XTRIM', KEYS[4], 'MINID', ARGV[8])
 return 'OK'

@@ -325,6 +325,47 @@ async fn a_compacted_ledger_keeps_its_state_and_its_history() {
     }
 }
 
+/// A compaction trims the log in bounded steps (whole stream nodes, then exactly): a log of
+/// thousands of rounds is left holding the records after the snapshot, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_trims_a_long_log_to_the_records_after_its_snapshot() {
+    let Some(url) = redis_url() else { return };
+    let namespace = test_namespace("long-log");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::new(T0));
+    // Sent one at a time, each command is a round of its own: a stream entry per record,
+    // so the compaction trims more entries than a trimming step takes (1 000), in stream
+    // nodes of a few entries each. The workload appends some 1 700 records.
+    let store = open(&url, &namespace, clock.clone(), dir.path(), 1_500);
+    let mut model = Model::default();
+    run(&store, &clock, &mut model, workload(0, 3_100)).await;
+    compacted_through(&store, 1_500).await;
+    let snapshot = metric(&store, "cycles_redis_snapshot_version");
+    let mut conn = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect to Redis");
+    let log = format!("{{{namespace}}}:log");
+    let entries: u64 = redis::cmd("XLEN").arg(&log).query(&mut conn).expect("XLEN");
+    let after: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&log)
+        .arg(format!("({snapshot}-0"))
+        .arg("+")
+        .query(&mut conn)
+        .expect("XRANGE");
+    assert!(
+        !after.ids.is_empty(),
+        "no records after the snapshot at {snapshot}"
+    );
+    assert_eq!(
+        entries,
+        after.ids.len() as u64,
+        "the log still holds records up to the snapshot at {snapshot}"
+    );
+    drop(store);
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
+}
+
 /// The `at` (newest record's time) of every entry of one of a ledger's history streams.
 fn history_times(url: &str, namespace: &str, kind: &str) -> Vec<i64> {
     let mut conn = redis::Client::open(url)
