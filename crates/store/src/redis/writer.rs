@@ -701,6 +701,15 @@ impl Writer {
             return jobs;
         }
         if let Err(e) = self.catch_up(version, false) {
+            if jobs.is_empty() && matches!(e, LogError::Redis(_)) && self.loaded {
+                // Only keeping up failed (a slow reply, on a busy host): nothing waited for
+                // it, so nothing is refused. The connection, which may hold the rest of a
+                // reply, is made anew, and the next round reads on from the records
+                // applied. Were Redis down, that round's first command would say so.
+                tracing::warn!(why = %e, "reading the log to its end failed; reading on next round");
+                self.link.reset();
+                return jobs;
+            }
             self.peer = None;
             self.broke(e);
             return jobs;
@@ -972,6 +981,7 @@ impl Writer {
         } = self;
         let conn = link.get()?;
         let mut replay = Replay::new(state, last_now, &shared.projector, 0);
+        replay.last = self.applied;
         let read_to = log.read_after(conn, self.applied, |record| replay.record(record));
         let last = match read_to {
             Ok(last) => last,
@@ -982,8 +992,19 @@ impl Writer {
                 self.load()?;
                 return self.check_caught_up(version, exact);
             }
+            Err(e @ LogError::Redis(_)) => {
+                // Redis failed between pages (a page is applied only once all of it has
+                // arrived): the state is that of the records applied, whole, and the next
+                // catch-up goes on after them. Reading the whole ledger again instead
+                // kept an instance refusing operations for a second after a slow reply.
+                let applied = replay.last;
+                let read = replay.finish(applied);
+                Counters::add(&shared.counters.records_read, read);
+                self.applied = applied;
+                return Err(e);
+            }
             Err(e) => {
-                // Some records may be applied already: the state is read again.
+                // A record may be applied in part: the state is read again.
                 self.loaded = false;
                 return Err(e);
             }
@@ -1136,6 +1157,8 @@ struct Replay<'a> {
     held: u64,
     pending: Vec<(u64, Item)>,
     records: u64,
+    /// The last record applied.
+    last: u64,
 }
 
 /// History items handed over at a time while replaying.
@@ -1155,11 +1178,13 @@ impl<'a> Replay<'a> {
             held,
             pending: Vec::new(),
             records: 0,
+            last: 0,
         }
     }
 
     fn record(&mut self, record: JournalRecord) {
         self.records += 1;
+        self.last = record.seq;
         for effect in &record.effects {
             self.state.apply_effect(effect);
         }
