@@ -567,7 +567,7 @@ impl Writer {
             }
             None => (State::new(), 0, Millis::MIN),
         };
-        let mut replay = Replay::new(&mut state, &mut last_now, projector, held);
+        let mut replay = Replay::new(&mut state, &mut last_now, projector, held, from);
         let last = self
             .log
             .read_after(conn, from, |record| replay.record(record))?;
@@ -980,8 +980,7 @@ impl Writer {
             ..
         } = self;
         let conn = link.get()?;
-        let mut replay = Replay::new(state, last_now, &shared.projector, 0);
-        replay.last = self.applied;
+        let mut replay = Replay::new(state, last_now, &shared.projector, 0, self.applied);
         let read_to = log.read_after(conn, self.applied, |record| replay.record(record));
         let last = match read_to {
             Ok(last) => last,
@@ -1165,11 +1164,13 @@ struct Replay<'a> {
 const REPLAY_BATCH: usize = 4096;
 
 impl<'a> Replay<'a> {
+    /// A replay of the records after record `after`, which `state` holds.
     fn new(
         state: &'a mut State,
         last_now: &'a mut Millis,
         projector: &'a Projector,
         held: u64,
+        after: u64,
     ) -> Self {
         Replay {
             state,
@@ -1178,7 +1179,7 @@ impl<'a> Replay<'a> {
             held,
             pending: Vec::new(),
             records: 0,
-            last: 0,
+            last: after,
         }
     }
 

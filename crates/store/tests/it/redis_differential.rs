@@ -63,6 +63,13 @@ fn config(
     config
 }
 
+/// A plain connection to the test Redis, to look at a ledger's keys directly.
+fn connect(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("connect to Redis")
+}
+
 fn test_namespace(what: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -341,9 +348,7 @@ async fn a_compaction_trims_a_long_log_to_the_records_after_its_snapshot() {
     run(&store, &clock, &mut model, workload(0, 3_100)).await;
     compacted_through(&store, 1_500).await;
     let snapshot = metric(&store, "cycles_redis_snapshot_version");
-    let mut conn = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .expect("connect to Redis");
+    let mut conn = connect(&url);
     let log = format!("{{{namespace}}}:log");
     let entries: u64 = redis::cmd("XLEN").arg(&log).query(&mut conn).expect("XLEN");
     let after: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
@@ -368,9 +373,7 @@ async fn a_compaction_trims_a_long_log_to_the_records_after_its_snapshot() {
 
 /// The `at` (newest record's time) of every entry of one of a ledger's history streams.
 fn history_times(url: &str, namespace: &str, kind: &str) -> Vec<i64> {
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("connect to Redis");
+    let mut conn = connect(url);
     let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
         .arg(format!("{{{namespace}}}:history:{kind}"))
         .arg("-")
@@ -717,9 +720,7 @@ async fn the_ledgers_time_is_redis_clock() {
             .expect("provision");
     }
     let redis_now = {
-        let mut conn = redis::Client::open(url.as_str())
-            .and_then(|c| c.get_connection())
-            .expect("connect to Redis");
+        let mut conn = connect(&url);
         let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut conn).expect("TIME");
         s * 1_000 + us / 1_000
     };
@@ -763,9 +764,7 @@ async fn a_snapshot_of_several_parts_reads_back() {
     run(&store, &clock, &mut model, commands).await;
     compacted_through(&store, 5_000).await;
     store.shutdown().await;
-    let mut conn = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .expect("connect to Redis");
+    let mut conn = connect(&url);
     let parts: u64 = redis::cmd("HGET")
         .arg(format!("{{{namespace}}}:snapshot"))
         .arg("parts")
