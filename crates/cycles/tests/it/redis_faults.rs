@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -759,4 +759,182 @@ async fn a_second_instance_on_a_data_directory_is_refused() {
     ];
     assert_serve_refused_in_use(&data, &args);
     assert!(ready(&server.base).await, "the first instance still serves");
+}
+
+/// A TCP proxy in front of a Redis that holds back the next `stalls` commands naming
+/// `XRANGE` (a read of the log, or of a history stream) for `stall` each: a late reply, as
+/// a busy host gives one, to one instance and to one kind of command, where `DEBUG SLEEP` or
+/// `CLIENT PAUSE` would hold up every client and every command.
+struct StallProxy {
+    port: u16,
+    stalls: Arc<AtomicUsize>,
+}
+
+impl StallProxy {
+    async fn start(redis_port: u16, stall: Duration) -> StallProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let stalls = Arc::new(AtomicUsize::new(0));
+        let armed = stalls.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
+                else {
+                    continue;
+                };
+                tokio::spawn(relay(client, server, armed.clone(), stall));
+            }
+        });
+        StallProxy { port, stalls }
+    }
+
+    /// Holds back the next `n` reads.
+    fn stall_next(&self, n: usize) {
+        self.stalls.store(n, Ordering::SeqCst);
+    }
+
+    /// Whether every read held back has been.
+    fn spent(&self) -> bool {
+        self.stalls.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// Relays one connection both ways, holding back each chunk from the instance that names
+/// `XRANGE` for `stall` while `armed` counts reads to hold back. Either side closing (the
+/// instance drops a connection it gave up on) ends both.
+async fn relay(
+    mut client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    armed: Arc<AtomicUsize>,
+    stall: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut client_read, mut client_write) = client.split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = client_read.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            let names_xrange = buf[..n]
+                .windows(6)
+                .any(|w| w.eq_ignore_ascii_case(b"XRANGE"));
+            let take = |left: usize| left.checked_sub(1);
+            if names_xrange
+                && armed
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take)
+                    .is_ok()
+            {
+                tokio::time::sleep(stall).await;
+            }
+            server_write.write_all(&buf[..n]).await?;
+        }
+    };
+    let down = tokio::io::copy(&mut server_read, &mut client_write);
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+/// An instance without the lease reads the log to its end before it answers a read. When
+/// Redis answers that read late (past the timeout) though it had just answered the round's
+/// first command, the operations that waited for it are refused (`503`), and nothing else:
+/// no breaker opens, readiness stays UP, and the next read is answered. Only three such
+/// failures in a row open the breaker, which then closes by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_reply_to_a_read_of_the_log_refuses_only_the_operations_that_waited_for_it() {
+    if !redis_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisProcess::start(&dir.path().join("redis"), free_port());
+    let proxy = StallProxy::start(redis.port, Duration::from_millis(1_500)).await;
+    let start = |url: String, name: &'static str| {
+        let dir = dir.path().join(name);
+        async move {
+            std::fs::create_dir_all(&dir).expect("instance dir");
+            let mut serve = RedisServe::new(&url, false, NAMESPACE);
+            serve.timeout_ms = "500";
+            serve.extra = vec!["--redis-advertise-url", "http://127.0.0.1:{port}"];
+            Server::start_redis(&dir.join("data"), &dir, &serve).await
+        }
+    };
+    // The holder writes straight to Redis; the reader reads through the proxy.
+    let holder = start(redis.url(), "holder").await;
+    let reader = start(format!("redis://127.0.0.1:{}", proxy.port), "reader").await;
+    let key = provision_tenant(&holder.base, 1_000_000_000).await;
+    let http = client();
+    let mut n = 0;
+    // A reservation written by the holder, read back through the reader (which must read
+    // the log to its end to find it): answers the read's status.
+    let mut write_then_read = || {
+        n += 1;
+        let (http, holder, reader, key) = (&http, &holder.base, &reader.base, &key);
+        async move {
+            let (s, r) = reserve(http, holder, key, &format!("late-reply-{n}")).await;
+            assert_eq!(s, 200, "{r}");
+            let id = r["reservation_id"]
+                .as_str()
+                .expect("reservation id")
+                .to_string();
+            let path = format!("/v1/reservations/{id}");
+            let (s, r) = call(http, reader, &path, Some(key), None).await;
+            assert!(s == 200 || s == 503, "{s}: {r}");
+            if s == 200 {
+                assert_eq!(r["reservation_id"], id.as_str(), "{r}");
+            }
+            s
+        }
+    };
+    assert_eq!(write_then_read().await, 200);
+    let faults = metric(&reader.base, "cycles_redis_faults_total").await;
+
+    // One late reply: what waited for it is refused; the breaker stays closed.
+    proxy.stall_next(1);
+    let mut refused = 0;
+    while !proxy.spent() {
+        if write_then_read().await == 503 {
+            refused += 1;
+        }
+    }
+    // Answered at once, with no breaker's delay to wait out.
+    assert_eq!(write_then_read().await, 200);
+    assert!(refused <= 1, "{refused} reads refused for one late reply");
+    assert_eq!(
+        metric(&reader.base, "cycles_redis_failed_reads_total").await,
+        1
+    );
+    assert_eq!(
+        metric(&reader.base, "cycles_redis_faults_total").await,
+        faults,
+        "one late reply opened the breaker"
+    );
+    assert_eq!(metric(&reader.base, "cycles_redis_unavailable").await, 0);
+    assert!(ready(&reader.base).await);
+
+    // Three in a row: the third opens the breaker, which closes by itself.
+    proxy.stall_next(3);
+    while !proxy.spent() {
+        write_then_read().await;
+    }
+    assert_eq!(
+        metric(&reader.base, "cycles_redis_failed_reads_total").await,
+        3
+    );
+    assert_eq!(
+        metric(&reader.base, "cycles_redis_faults_total").await,
+        faults + 1,
+        "three late replies in a row did not open the breaker"
+    );
+    recovers(&reader.base, Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while write_then_read().await != 200 {
+        assert!(Instant::now() < deadline, "the reader did not answer again");
+    }
+    assert_redis_ledger_ok(&redis.url(), false, NAMESPACE);
 }

@@ -72,6 +72,10 @@ pub trait Job: Send {
     /// be sent there ([`StoreError::Forward`]): `untried`, before it has been tried here,
     /// only if its request allows that ([`Handing::Always`]). Gives it back otherwise.
     fn forward(self: Box<Self>, peer: &Arc<str>, untried: bool) -> Option<Box<dyn Job>>;
+
+    /// Answers the job, untried, with `503` (it changed nothing): Redis did not answer the
+    /// read it waited for.
+    fn refuse(self: Box<Self>, why: String);
 }
 
 /// The answer an operation's request waits for.
@@ -97,10 +101,6 @@ impl<O: Operation> OperationJob<O> {
             None => Ok(None),
             Some(lookup) => ctx.archived(&lookup).map(Some),
         }
-    }
-
-    fn refuse(self, why: String) {
-        let _ = self.answer.send(Err(StoreError::Unavailable(why)));
     }
 }
 
@@ -181,6 +181,10 @@ impl<O: Operation> Job for OperationJob<O> {
         let _ = self.answer.send(Err(StoreError::Forward(peer.clone())));
         None
     }
+
+    fn refuse(self: Box<Self>, why: String) {
+        let _ = self.answer.send(Err(StoreError::Unavailable(why)));
+    }
 }
 
 /// Answered once the instance has read the log to its end (and handed its history over).
@@ -194,6 +198,10 @@ impl Job for Barrier {
 
     fn forward(self: Box<Self>, _: &Arc<str>, _: bool) -> Option<Box<dyn Job>> {
         Some(self)
+    }
+
+    fn refuse(self: Box<Self>, why: String) {
+        let _ = self.0.send(Err(StoreError::Unavailable(why)));
     }
 
     fn run(self: Box<Self>, _: &mut Ctx<'_>) -> Outcome {

@@ -457,6 +457,7 @@ pub(crate) struct Counters {
     pub lease_wait_micros: AtomicU64,
     pub handoffs: AtomicU64,
     pub faults: AtomicU64,
+    pub failed_reads: AtomicU64,
     pub reloads: AtomicU64,
     pub unreplicated: AtomicU64,
     /// Operations answered with the lease holder's address, to be sent there.

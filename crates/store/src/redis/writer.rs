@@ -64,6 +64,10 @@ const TURN_BLOCK: Duration = Duration::from_millis(20);
 /// How often an instance that hands every write to the lease's holder reads the log to
 /// its end anyway (see `Writer::read_without_lease`).
 const CATCH_UP_EVERY: Duration = Duration::from_millis(20);
+/// Reads of the log to its end, without the lease, that may fail in a row before the
+/// breaker opens: one reply late on a busy host refuses only the operations that waited
+/// for it (see `Writer::read_without_lease`).
+const FAILED_READS_TO_BREAK: u32 = 3;
 /// How long the lease's holder, as a round read it, is taken to hold it still: a request
 /// meant to write goes straight there meanwhile ([`Shared::holder_address`]).
 const HOLDER_FRESH: Duration = Duration::from_millis(10);
@@ -209,6 +213,7 @@ impl Shared {
             m("cycles_redis_lease_wait_microseconds_total", "Time operations waited for another instance to give the writer's lease up.", true, get(&c.lease_wait_micros)),
             m("cycles_redis_handoffs_total", "Times this instance gave the lease up to another that wanted it.", true, get(&c.handoffs)),
             m("cycles_redis_faults_total", "Times Redis could not be reached or refused a write (operations refused meanwhile).", true, get(&c.faults)),
+            m("cycles_redis_failed_reads_total", "Reads of the log to its end, without the writer's lease, that Redis did not answer: the operations that waited for each were refused (the breaker opens at the third in a row).", true, get(&c.failed_reads)),
             m("cycles_redis_unreplicated_total", "Rounds that did not reach the replicas asked for (--redis-replicas) in time: their operations were answered outcome unknown.", true, get(&c.unreplicated)),
             m("cycles_redis_forwarded_total", "Operations a round of this instance handed to the instance holding the writer's lease (--redis-advertise-url), instead of waiting for the lease (requests sent there before their handler ran are in cycles_forward_sent_total only).", true, get(&c.forwarded)),
             m("cycles_redis_reads_without_lease_total", "Operations that changed nothing, answered by an instance without the writer's lease once it had read the log to its end.", true, get(&c.reads)),
@@ -375,6 +380,8 @@ pub struct Writer {
     peer: Option<Arc<str>>,
     /// When this instance last read the log to its end without the lease.
     caught_up_at: Instant,
+    /// Reads of the log to its end, without the lease, that failed since one last did not.
+    failed_reads: u32,
 }
 
 /// Who this instance is, as its lease names it: an id, then the address its peers reach it
@@ -439,6 +446,7 @@ impl Writer {
             forwards: config.advertise.is_some(),
             peer: None,
             caught_up_at: Instant::now(),
+            failed_reads: 0,
         };
         let report = match writer.load() {
             Ok(report) => report,
@@ -701,19 +709,9 @@ impl Writer {
             return jobs;
         }
         if let Err(e) = self.catch_up(version, false) {
-            if jobs.is_empty() && matches!(e, LogError::Redis(_)) && self.loaded {
-                // Only keeping up failed (a slow reply, on a busy host): nothing waited for
-                // it, so nothing is refused. The connection, which may hold the rest of a
-                // reply, is made anew, and the next round reads on from the records
-                // applied. Were Redis down, that round's first command would say so.
-                tracing::warn!(why = %e, "reading the log to its end failed; reading on next round");
-                self.link.reset();
-                return jobs;
-            }
-            self.peer = None;
-            self.broke(e);
-            return jobs;
+            return self.failed_read(e, jobs);
         }
+        self.failed_reads = 0;
         self.caught_up_at = Instant::now();
         let now = self.now();
         let mut rest = Vec::new();
@@ -734,6 +732,38 @@ impl Writer {
             }
         }
         rest
+    }
+
+    /// After a read of the log to its end, without the lease, that failed: `jobs` are the
+    /// operations that waited for it. Redis just answered the round's first command, so a
+    /// failure to answer this one is most often a reply late on a busy host (three servers,
+    /// their clients and Redis sharing two CPUs made one now and then). Such a failure
+    /// refuses only `jobs`, untried, and opens no breaker: the connection, which may hold
+    /// the rest of a reply, is made anew, and the next round reads on from the records
+    /// applied. Only [`FAILED_READS_TO_BREAK`] in a row, or any other failure, open it;
+    /// and were Redis down, the next round's first command would open it at once.
+    fn failed_read(&mut self, e: LogError, jobs: Vec<Box<dyn Job>>) -> Vec<Box<dyn Job>> {
+        self.failed_reads += 1;
+        if !matches!(e, LogError::Redis(_))
+            || !self.loaded
+            || self.failed_reads >= FAILED_READS_TO_BREAK
+        {
+            self.peer = None;
+            self.broke(e);
+            return jobs;
+        }
+        tracing::warn!(
+            why = %e,
+            refused = jobs.len(),
+            "reading the log to its end failed: refused the operations that waited for it; reading on next round"
+        );
+        Counters::add(&self.shared.counters.failed_reads, 1);
+        self.link.reset();
+        let why = format!("reading the ledger's log from Redis failed: {e}");
+        for job in jobs {
+            job.refuse(why.clone());
+        }
+        Vec::new()
     }
 
     /// Answers the jobs that may be handed on with the address of `peer`, the lease's
@@ -864,6 +894,7 @@ impl Writer {
             retry_at: Instant::now() + self.retry_delay,
         });
         self.retry_delay = (self.retry_delay * 2).min(MAX_RETRY_DELAY);
+        self.failed_reads = 0;
         self.shared.set_fault(Some(why));
     }
 
