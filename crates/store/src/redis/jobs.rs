@@ -73,8 +73,8 @@ pub trait Job: Send {
     /// only if its request allows that ([`Handing::Always`]). Gives it back otherwise.
     fn forward(self: Box<Self>, peer: &Arc<str>, untried: bool) -> Option<Box<dyn Job>>;
 
-    /// Answers the job, untried, with `503` (it changed nothing): Redis did not answer the
-    /// read it waited for.
+    /// Answers the job, untried, with `503` and `why` (it changed nothing): what it needed
+    /// to be decided, a read of the log or of the history, failed.
     fn refuse(self: Box<Self>, why: String);
 }
 
