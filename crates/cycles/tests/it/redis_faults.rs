@@ -805,13 +805,13 @@ impl StallProxy {
 /// `XRANGE` for `stall` while `armed` counts reads to hold back. Either side closing (the
 /// instance drops a connection it gave up on) ends both.
 async fn relay(
-    mut client: tokio::net::TcpStream,
+    client: tokio::net::TcpStream,
     server: tokio::net::TcpStream,
     armed: Arc<AtomicUsize>,
     stall: Duration,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut client_read, mut client_write) = client.split();
+    let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let up = async {
         let mut buf = vec![0u8; 64 * 1024];
