@@ -17,6 +17,9 @@ use crate::http::{Conn, Reply, Target};
 
 const UNIT: WireUnit = WireUnit::Tokens;
 pub const ESTIMATE: i64 = 100;
+/// The estimates a client drawn to vary them reserves (`--varied-estimates`): at least
+/// [`COMMIT`], so that every commit fits its hold.
+pub const VARIED_ESTIMATES: std::ops::RangeInclusive<i64> = ESTIMATE..=1_000_000;
 const COMMIT: i64 = 80;
 const EVENT: i64 = 50;
 /// The reference's reserve TTL.
@@ -76,6 +79,15 @@ impl KeyedBody {
         let mut buffer = uuid::Uuid::encode_buffer();
         let key = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buffer);
         [self.head.as_str(), key, self.tail.as_str()].concat()
+    }
+
+    /// A reserve's body with a fresh random key and `amount` as its estimate's amount.
+    fn with_new_key_and_estimate(&self, amount: i64) -> String {
+        self.with_new_key().replacen(
+            &format!("\"amount\":{ESTIMATE}"),
+            &format!("\"amount\":{amount}"),
+            1,
+        )
     }
 }
 
@@ -152,6 +164,8 @@ pub struct Runtime {
     conn: Conn,
     tenant: String,
     bodies: Bodies,
+    /// Reserves draw their estimate from [`VARIED_ESTIMATES`] instead of [`ESTIMATE`].
+    varied_estimates: bool,
 }
 
 /// What a reserve answer is checked for. Not `ReservationCreateResponse`: that type is
@@ -181,16 +195,30 @@ impl Runtime {
             conn: Conn::new(target, Some(("X-Cycles-API-Key", tenant.key.clone()))),
             tenant: tenant.id.clone(),
             bodies: Bodies::new(&subject),
+            varied_estimates: false,
         }
+    }
+
+    /// From now on each reserve's estimate is drawn from [`VARIED_ESTIMATES`], as real
+    /// estimates vary: a settled reservation then lands at a random place in the history's
+    /// index by amount, where a fixed estimate always appends to its end.
+    pub fn vary_estimates(&mut self) {
+        self.varied_estimates = true;
     }
 
     pub async fn connect(&mut self) -> anyhow::Result<()> {
         self.conn.connect().await
     }
 
-    /// Reserve 100 TOKENS (REJECT, ttl 60 s); the reservation id of an ALLOW decision.
+    /// Reserve 100 TOKENS, or an amount from [`VARIED_ESTIMATES`] (REJECT, ttl 60 s); the
+    /// reservation id of an ALLOW decision.
     pub async fn reserve(&mut self) -> anyhow::Result<String> {
-        let body = self.bodies.reserve.with_new_key();
+        let body = if self.varied_estimates {
+            let amount = rand::random_range(VARIED_ESTIMATES);
+            self.bodies.reserve.with_new_key_and_estimate(amount)
+        } else {
+            self.bodies.reserve.with_new_key()
+        };
         self.reserve_with(body).await
     }
 
@@ -432,6 +460,11 @@ mod tests {
             &r.idempotency_key
         });
         assert_valid_with_fresh_keys(&bodies.commit, |r: &CommitRequest| &r.idempotency_key);
+        for amount in [*VARIED_ESTIMATES.start(), 4_321, *VARIED_ESTIMATES.end()] {
+            let body = bodies.reserve.with_new_key_and_estimate(amount);
+            let varied: ReservationCreateRequest = parse_body(body.as_bytes()).unwrap();
+            assert_eq!(varied.estimate.amount, amount, "{body}");
+        }
         assert_valid_with_fresh_keys(&bodies.release, |r: &ReleaseRequest| &r.idempotency_key);
         assert_valid_with_fresh_keys(&bodies.extend, |r: &ReservationExtendRequest| {
             &r.idempotency_key

@@ -92,6 +92,12 @@ pub struct RunArgs {
     /// the server].
     #[arg(long, value_delimiter = ',')]
     pub settled_rows: Option<Vec<u64>>,
+    /// Reserve→commit lifecycles (the lifecycle cells and the settled fixtures) reserve an
+    /// amount drawn from 100–1 000 000 each, as real estimates vary, instead of 100 every
+    /// time: each settled reservation then lands at a random place in the history's index
+    /// by amount rather than at its end.
+    #[arg(long)]
+    pub varied_estimates: bool,
     /// Concurrent clients that build the list fixtures through the API.
     #[arg(long, default_value_t = 64)]
     pub fixture_clients: usize,
@@ -226,6 +232,7 @@ fn config(args: &RunArgs) -> anyhow::Result<suite::Config> {
             trials: args.trials.unwrap_or(if quick { 1 } else { 3 }),
             window_secs: args.duration_secs.unwrap_or(if quick { 1.0 } else { 5.0 }),
             concurrency_clients: args.concurrency_clients.clone(),
+            varied_estimates: args.varied_estimates,
             fanout_clients: args.fanout_clients.clone(),
             list_rows,
             audit_entries: args.audit_entries.clone().unwrap_or_else(|| {

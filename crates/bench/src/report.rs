@@ -190,6 +190,9 @@ pub struct Method {
     pub trials: usize,
     pub window_secs: f64,
     pub concurrency_clients: Vec<usize>,
+    /// Whether the lifecycles' estimates varied (`--varied-estimates`).
+    #[serde(default)]
+    pub varied_estimates: bool,
     pub fanout_clients: Vec<usize>,
     pub list_rows: Vec<u64>,
     /// The audit log sizes of the audit cells.
@@ -570,6 +573,7 @@ pub(crate) mod tests {
                 trials: 3,
                 window_secs: 5.0,
                 concurrency_clients: vec![32],
+                varied_estimates: false,
                 fanout_clients: vec![200],
                 list_rows: vec![],
                 audit_entries: vec![],

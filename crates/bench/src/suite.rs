@@ -308,6 +308,15 @@ impl Suite {
         connected(&self.target, tenant, agent).await
     }
 
+    /// A client for reserve→commit lifecycles, whose estimates vary if the run asks so.
+    async fn lifecycle_client(&self, tenant: &Tenant) -> anyhow::Result<Runtime> {
+        let mut rt = self.client(tenant, None).await?;
+        if self.cfg.method.varied_estimates {
+            rt.vary_estimates();
+        }
+        Ok(rt)
+    }
+
     fn record(&mut self, meta: CaseMeta, sample: Sample, error: Option<String>) {
         self.cases.add(meta, sample, error);
     }
@@ -699,7 +708,7 @@ impl Suite {
         let errors = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for _ in 0..clients {
-            let mut rt = self.client(tenant, None).await?;
+            let mut rt = self.lifecycle_client(tenant).await?;
             let (next, errors, phase) = (next.clone(), errors.clone(), phase.clone());
             tasks.push(tokio::spawn(async move {
                 let mut first = None;
@@ -993,7 +1002,7 @@ impl Suite {
             .await?;
         for n in self.cfg.method.concurrency_clients.clone() {
             let name = format!("Lifecycles {n} clients");
-            let mut rt = self.client(&tenant, None).await?;
+            let mut rt = self.lifecycle_client(&tenant).await?;
             let mut warm = Timed::default();
             for _ in 0..self.cfg.method.warmup {
                 if let Err(e) = LoadOp::Lifecycle.once(&mut rt).await {
@@ -1004,7 +1013,10 @@ impl Suite {
                     };
                 }
             }
-            let clients = self.clients(&tenant, None, n).await?;
+            let mut clients = self.clients(&tenant, None, n).await?;
+            if self.cfg.method.varied_estimates {
+                clients.iter_mut().for_each(Runtime::vary_estimates);
+            }
             let (load, per_op) = self.load(&name, clients, LoadOp::Lifecycle).await;
             let mut sample =
                 Sample::from_histogram(&load.histogram, self.window(), load.errors + warm.errors);

@@ -159,8 +159,17 @@ pub fn render(r: &Report) -> String {
     let m = &r.method;
     let _ = writeln!(
         out,
-        "method: {} warm-up + {} measured sequential iterations, {} s concurrent windows, {} trial(s): medians (p50 trials = min–max across trials); client threads {}",
-        m.warmup, m.iterations, m.window_secs, m.trials, m.client_threads
+        "method: {} warm-up + {} measured sequential iterations, {} s concurrent windows, {} trial(s): medians (p50 trials = min–max across trials); client threads {}{}",
+        m.warmup,
+        m.iterations,
+        m.window_secs,
+        m.trials,
+        m.client_threads,
+        if m.varied_estimates {
+            "; lifecycles reserve varied estimates (100–1 000 000)"
+        } else {
+            ""
+        }
     );
     let floors: Vec<&CaseReport> = r.floors.iter().collect();
     table(&mut out, "Floors", &floors);
