@@ -17,8 +17,8 @@ use crate::http::{Conn, Reply, Target};
 
 const UNIT: WireUnit = WireUnit::Tokens;
 pub const ESTIMATE: i64 = 100;
-/// The estimates a client drawn to vary them reserves (`--varied-estimates`): at least
-/// [`COMMIT`], so that every commit fits its hold.
+/// What a client told to vary its estimates reserves (`--varied-estimates`): never less
+/// than [`ESTIMATE`], so that every commit ([`COMMIT`]) fits its hold.
 pub const VARIED_ESTIMATES: std::ops::RangeInclusive<i64> = ESTIMATE..=1_000_000;
 const COMMIT: i64 = 80;
 const EVENT: i64 = 50;

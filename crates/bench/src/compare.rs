@@ -74,6 +74,22 @@ pub fn compare(old: &Report, new: &Report, threshold: f64) -> (String, Vec<Strin
         new.target.durability,
         threshold * 100.0
     );
+    let estimates = |r: &Report| {
+        if r.method.varied_estimates {
+            "varied"
+        } else {
+            "fixed"
+        }
+    };
+    if old.method.varied_estimates != new.method.varied_estimates {
+        let _ = writeln!(
+            out,
+            "Note: the baseline's lifecycles reserved {} estimates and the current run's {}: \
+             their lifecycle cells measure different workloads.\n",
+            estimates(old),
+            estimates(new)
+        );
+    }
     let _ = writeln!(out, "| Metric | Baseline | Current | Change | Status |");
     let _ = writeln!(out, "|---|---:|---:|---:|---|");
     for (name, value, kind) in &after {
@@ -217,6 +233,19 @@ mod tests {
         let (table, breaches) = compare(&r, &r, 0.25);
         assert!(breaches.is_empty(), "{breaches:?}");
         assert!(table.contains("| Reserve p50 ms |"));
+        assert!(!table.contains("Note:"), "{table}");
+    }
+
+    #[test]
+    fn reports_of_fixed_and_varied_estimates_are_told_apart() {
+        let fixed = report("strict", 1.0);
+        let mut varied = report("strict", 1.0);
+        varied.method.varied_estimates = true;
+        let (table, _) = compare(&fixed, &varied, 0.25);
+        assert!(
+            table.contains("reserved fixed estimates and the current run's varied"),
+            "{table}"
+        );
     }
 
     #[test]
