@@ -308,13 +308,18 @@ impl Suite {
         connected(&self.target, tenant, agent).await
     }
 
-    /// A client for reserve→commit lifecycles, whose estimates vary if the run asks so.
+    /// A client for reserve→commit lifecycles.
     async fn lifecycle_client(&self, tenant: &Tenant) -> anyhow::Result<Runtime> {
         let mut rt = self.client(tenant, None).await?;
+        self.for_lifecycles(&mut rt);
+        Ok(rt)
+    }
+
+    /// Makes `rt`'s estimates vary if the run asks so (`--varied-estimates`).
+    fn for_lifecycles(&self, rt: &mut Runtime) {
         if self.cfg.method.varied_estimates {
             rt.vary_estimates();
         }
-        Ok(rt)
     }
 
     fn record(&mut self, meta: CaseMeta, sample: Sample, error: Option<String>) {
@@ -1014,9 +1019,7 @@ impl Suite {
                 }
             }
             let mut clients = self.clients(&tenant, None, n).await?;
-            if self.cfg.method.varied_estimates {
-                clients.iter_mut().for_each(Runtime::vary_estimates);
-            }
+            clients.iter_mut().for_each(|rt| self.for_lifecycles(rt));
             let (load, per_op) = self.load(&name, clients, LoadOp::Lifecycle).await;
             let mut sample =
                 Sample::from_histogram(&load.histogram, self.window(), load.errors + warm.errors);

@@ -918,9 +918,10 @@ async fn a_late_reply_to_a_read_of_the_log_refuses_only_the_operations_that_wait
     assert!(ready(&reader.base).await);
 
     // Three in a row: the third opens the breaker, which closes by itself. Each try starts
-    // the streak afresh with a read answered. On a loaded host another of the reader's
-    // reads, one allowed longer than the hold (loading's), may take one of the held replies
-    // and succeed: that cuts the streak short, and the three are held again.
+    // the streak afresh with a read answered. On a loaded host one of the held replies can
+    // go to another of the reader's reads, one allowed longer than the hold (loading's or
+    // compaction's, most likely; not observed), which then succeeds: that cuts the streak
+    // short, and the three are held again.
     let mut opened = false;
     for _ in 0..5 {
         let deadline = Instant::now() + Duration::from_secs(10);
