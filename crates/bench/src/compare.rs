@@ -74,21 +74,17 @@ pub fn compare(old: &Report, new: &Report, threshold: f64) -> (String, Vec<Strin
         new.target.durability,
         threshold * 100.0
     );
-    let estimates = |r: &Report| {
-        if r.method.varied_estimates {
-            "varied"
-        } else {
-            "fixed"
-        }
-    };
-    if old.method.varied_estimates != new.method.varied_estimates {
+    let differences = method_differences(old, new);
+    if !differences.is_empty() {
         let _ = writeln!(
             out,
-            "Note: the baseline's lifecycles reserved {} estimates and the current run's {}: \
-             their lifecycle cells measure different workloads.\n",
-            estimates(old),
-            estimates(new)
+            "Note: the two runs differ in how they measured, so their cells are not the same \
+             workload:"
         );
+        for d in &differences {
+            let _ = writeln!(out, "- {d}");
+        }
+        let _ = writeln!(out);
     }
     let _ = writeln!(out, "| Metric | Baseline | Current | Change | Status |");
     let _ = writeln!(out, "|---|---:|---:|---:|---|");
@@ -127,6 +123,70 @@ pub fn compare(old: &Report, new: &Report, threshold: f64) -> (String, Vec<Strin
         let _ = writeln!(out, "| {name} | | — | — | missing |");
     }
     (out, breaches)
+}
+
+/// What differs between the two reports' methods and targets, one line each (baseline's
+/// value first). A change in any of these changes what a cell measures, so a delta between
+/// them is not the code's alone.
+fn method_differences(old: &Report, new: &Report) -> Vec<String> {
+    let (a, b) = (&old.method, &new.method);
+    let estimates = |varied: bool| if varied { "varied" } else { "fixed" };
+    let clients = |c: &[usize]| format!("{c:?}");
+    let pairs = [
+        (
+            "engine",
+            old.target.engine.clone(),
+            new.target.engine.clone(),
+        ),
+        (
+            "durability",
+            old.target.durability.clone(),
+            new.target.durability.clone(),
+        ),
+        (
+            "instances",
+            (1 + old.target.spread_urls.len()).to_string(),
+            (1 + new.target.spread_urls.len()).to_string(),
+        ),
+        (
+            "window (s)",
+            a.window_secs.to_string(),
+            b.window_secs.to_string(),
+        ),
+        ("trials", a.trials.to_string(), b.trials.to_string()),
+        (
+            "iterations",
+            a.iterations.to_string(),
+            b.iterations.to_string(),
+        ),
+        ("warm-up", a.warmup.to_string(), b.warmup.to_string()),
+        (
+            "concurrency clients",
+            clients(&a.concurrency_clients),
+            clients(&b.concurrency_clients),
+        ),
+        (
+            "fan-out clients",
+            clients(&a.fanout_clients),
+            clients(&b.fanout_clients),
+        ),
+        (
+            "lifecycle estimates",
+            estimates(a.varied_estimates).to_string(),
+            estimates(b.varied_estimates).to_string(),
+        ),
+        (
+            "client threads",
+            a.client_threads.to_string(),
+            b.client_threads.to_string(),
+        ),
+        ("quick", a.quick.to_string(), b.quick.to_string()),
+    ];
+    pairs
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(what, a, b)| format!("{what}: {a} in the baseline, {b} in the current run"))
+        .collect()
 }
 
 /// Absolute budgets for CI.
@@ -243,9 +303,38 @@ mod tests {
         varied.method.varied_estimates = true;
         let (table, _) = compare(&fixed, &varied, 0.25);
         assert!(
-            table.contains("reserved fixed estimates and the current run's varied"),
+            table.contains(
+                "- lifecycle estimates: fixed in the baseline, varied in the current run"
+            ),
             "{table}"
         );
+    }
+
+    #[test]
+    fn every_difference_in_method_is_named() {
+        let old = report("strict", 1.0);
+        let mut new = report("none", 1.0);
+        new.method.window_secs = old.method.window_secs * 2.0;
+        new.method.trials = old.method.trials + 1;
+        new.method.concurrency_clients = vec![8];
+        new.target.spread_urls = vec!["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()];
+        let (table, _) = compare(&old, &new, 0.25);
+        let notes: Vec<&str> = table.lines().filter(|l| l.starts_with("- ")).collect();
+        assert_eq!(notes.len(), 5, "{table}");
+        assert!(
+            table.contains("- durability: strict in the baseline, none in the current run"),
+            "{table}"
+        );
+        assert!(
+            table.contains("- instances: 1 in the baseline, 3 in the current run"),
+            "{table}"
+        );
+        assert!(
+            table.contains("- concurrency clients: [32] in the baseline, [8] in the current run"),
+            "{table}"
+        );
+        assert!(table.contains("- window (s): "), "{table}");
+        assert!(table.contains("- trials: "), "{table}");
     }
 
     #[test]
