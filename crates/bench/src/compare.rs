@@ -132,7 +132,14 @@ fn method_differences(old: &Report, new: &Report) -> Vec<String> {
     let (a, b) = (&old.method, &new.method);
     let estimates = |varied: bool| if varied { "varied" } else { "fixed" };
     let clients = |c: &[usize]| format!("{c:?}");
+    let host = |r: &Report| format!("{} × {}", r.environment.cores, r.environment.cpu_model);
     let pairs = [
+        ("host", host(old), host(new)),
+        (
+            "toolchain",
+            old.environment.toolchain.clone(),
+            new.environment.toolchain.clone(),
+        ),
         (
             "engine",
             old.target.engine.clone(),
@@ -318,9 +325,11 @@ mod tests {
         new.method.trials = old.method.trials + 1;
         new.method.concurrency_clients = vec![8];
         new.target.spread_urls = vec!["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()];
+        new.environment.cores = old.environment.cores + 2;
         let (table, _) = compare(&old, &new, 0.25);
         let notes: Vec<&str> = table.lines().filter(|l| l.starts_with("- ")).collect();
-        assert_eq!(notes.len(), 5, "{table}");
+        assert_eq!(notes.len(), 6, "{table}");
+        assert!(table.contains("- host: "), "{table}");
         assert!(
             table.contains("- durability: strict in the baseline, none in the current run"),
             "{table}"
