@@ -759,6 +759,9 @@ async fn a_second_instance_on_a_data_directory_is_refused() {
     ];
     assert_serve_refused_in_use(&data, &args);
     assert!(ready(&server.base).await, "the first instance still serves");
+    drop(server);
+    store::redis::delete_ledger(&url, &store::redis::Topology::Single, &ns)
+        .expect("delete the test ledger");
 }
 
 /// A TCP proxy in front of a Redis that holds back the next `stalls` commands naming

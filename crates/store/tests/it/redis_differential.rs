@@ -693,6 +693,8 @@ fn a_history_directory_serves_one_instance() {
     );
     drop(first);
     drop(open(&url, &namespace, clock, dir.path(), u64::MAX));
+    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
+        .expect("delete the test ledger");
 }
 
 /// The ledger's time is Redis's clock, whatever an instance's own clock says: two
