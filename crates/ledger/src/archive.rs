@@ -24,17 +24,22 @@ use crate::{IdemKey, IdemRecord, Millis, Reservation};
 
 /// A settled reservation as it leaves the state: the reservation and the idempotency
 /// records still held for it (its reserve's, if that record names it, and its commit's,
-/// release's and extensions').
+/// release's and extensions'). They are the state's own allocations, shared, not copies:
+/// the sweep that archives them runs under the ledger lock, on the request path. (An `Arc`
+/// is encoded as what it holds, so the journal's and the history's bytes are the same.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Archived {
-    pub reservation: Reservation,
-    pub records: Vec<(IdemKey, IdemRecord)>,
+    pub reservation: Arc<Reservation>,
+    pub records: Vec<(Arc<IdemKey>, Arc<IdemRecord>)>,
 }
 
 impl Archived {
     /// The record under `key`, if it was archived with the reservation.
     pub fn record(&self, key: &IdemKey) -> Option<&IdemRecord> {
-        self.records.iter().find(|(k, _)| k == key).map(|(_, r)| r)
+        self.records
+            .iter()
+            .find(|(k, _)| **k == *key)
+            .map(|(_, r)| &**r)
     }
 }
 

@@ -108,10 +108,15 @@ impl IdemTable {
     }
 
     pub(crate) fn get(&self, key: &IdemKey) -> Option<&Arc<IdemRecord>> {
+        self.entry(key).map(|(_, record)| record)
+    }
+
+    /// The record under `key`, with the key as the table holds it.
+    pub(crate) fn entry(&self, key: &IdemKey) -> Option<(&Arc<IdemKey>, &Arc<IdemRecord>)> {
         let hash = self.hasher.hash_one(key);
         self.by_key
             .find(hash, |s| s.is(hash, key))
-            .map(|s| &s.record)
+            .map(|s| (&s.key, &s.record))
     }
 
     /// Stores `record` under `key`; returns the record's arrival and the record it replaced

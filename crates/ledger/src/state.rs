@@ -715,13 +715,13 @@ impl State {
 
     /// The records of `id`'s commit, release and extensions, and its reserve's if that
     /// record names it: what leaves the state with it.
-    pub(crate) fn records_of(&self, r: &Reservation) -> Vec<(IdemKey, IdemRecord)> {
+    pub(crate) fn records_of(&self, r: &Reservation) -> Vec<(Arc<IdemKey>, Arc<IdemRecord>)> {
         let reserve = IdemKey {
             tenant_id: r.tenant_id.clone(),
             endpoint: Endpoint::Reserve,
             key: r.idempotency_key.clone(),
         };
-        let created = self.idempotency.get(&reserve).filter(|rec| {
+        let created = self.idempotency.entry(&reserve).filter(|(_, rec)| {
             matches!(&rec.outcome, StoredOutcome::Reserve(res)
                 if res.reservation_id.as_deref() == Some(&*r.reservation_id))
         });
@@ -730,11 +730,11 @@ impl State {
             .get(&r.reservation_id)
             .into_iter()
             .flatten()
-            .filter_map(|k| Some(((**k).clone(), (**self.idempotency.get(k)?).clone())));
+            .filter_map(|k| self.idempotency.entry(k));
         created
-            .map(|rec| (reserve.clone(), (**rec).clone()))
             .into_iter()
             .chain(settlements)
+            .map(|(key, record)| (key.clone(), record.clone()))
             .collect()
     }
 

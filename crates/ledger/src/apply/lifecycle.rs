@@ -85,6 +85,7 @@ impl Tx<'_> {
                 .filter(|a| &*a.reservation.reservation_id == id)
                 .ok_or_else(not_found)?
                 .reservation
+                .as_ref()
                 .clone(),
         };
         match caller_tenant {

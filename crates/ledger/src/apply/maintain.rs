@@ -114,7 +114,7 @@ impl Tx<'_> {
             };
             let records = state.records_of(r);
             self.put(Effect::ArchiveReservation(Arc::new(Archived {
-                reservation: (**r).clone(),
+                reservation: r.clone(),
                 records,
             })));
             archived += 1;

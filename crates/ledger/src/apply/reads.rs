@@ -336,7 +336,7 @@ impl Tx<'_> {
         archived
             .record(&record_key)
             .filter(|record| record.expires_at_ms > self.now)
-            .map(|_| &archived.reservation)
+            .map(|_| &*archived.reservation)
             .filter(created)
     }
 }

@@ -11,8 +11,8 @@
 //! walks it back from its end, no index by record.
 
 use ledger::{
-    position, ArchiveLookup, Archived, IdemKey, IdemRecord, ListReservations, Millis, Reservation,
-    ReservationPage, ReservationStatus, SortBy, SortValue, MAX_SCAN_PER_PAGE,
+    position, ArchiveLookup, Archived, ListReservations, Millis, Reservation, ReservationPage,
+    ReservationStatus, SortBy, SortValue, MAX_SCAN_PER_PAGE,
 };
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
@@ -199,7 +199,7 @@ pub fn lookup(c: &Connection, lookup: &ArchiveLookup) -> rusqlite::Result<Option
     };
     Ok(Some(Archived {
         reservation: decode(&reservation)?,
-        records: decode::<Vec<(IdemKey, IdemRecord)>>(&records)?,
+        records: decode(&records)?,
     }))
 }
 
