@@ -70,11 +70,36 @@ fn connect(url: &str) -> redis::Connection {
         .expect("connect to Redis")
 }
 
-fn test_namespace(what: &str) -> String {
+/// A test's ledger in the test Redis, deleted when the test ends, whether it passed or not.
+/// Declared before the test's stores, it is dropped after them.
+struct TestNamespace(String);
+
+impl std::ops::Deref for TestNamespace {
+    type Target = String;
+
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let Some(url) = redis_url() else { return };
+        let deleted = store::redis::delete_ledger(&url, &Topology::Single, &self.0);
+        // A test that failed already says why; one that passed fails here instead.
+        match deleted {
+            Err(e) if !std::thread::panicking() => panic!("delete the test ledger {}: {e}", self.0),
+            Err(e) => eprintln!("the test ledger {} was not deleted: {e}", self.0),
+            Ok(()) => {}
+        }
+    }
+}
+
+fn test_namespace(what: &str) -> TestNamespace {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("cycles-{what}-{}-{nanos}", std::process::id())
+    TestNamespace(format!("cycles-{what}-{}-{nanos}", std::process::id()))
 }
 
 /// How [`run_workload`] sends its commands to the three instances.
@@ -190,8 +215,6 @@ async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
     let (snapshot, records) = assert_reads_back(&url, &namespace, &model);
     assert_eq!(snapshot, None);
     assert!(records > 300, "{records} records");
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 /// A commit naming a reservation that the sweep archives in the same round finds its
@@ -235,8 +258,6 @@ async fn a_reservation_archived_earlier_in_the_round_is_found() {
         );
     }
     store.shutdown().await;
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 /// What an instance's history holds of the workload: its counts, every reservation it
@@ -326,10 +347,6 @@ async fn a_compacted_ledger_keeps_its_state_and_its_history() {
     assert!(found.3 == expected.3, "the archived reservations differ");
     assert!(found.4 == expected.4, "the events differ");
     drop((fresh_whole, fresh_compacted));
-    for namespace in [whole, compacted] {
-        store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-            .expect("delete the test ledger");
-    }
 }
 
 /// A compaction trims the log in bounded steps (whole stream nodes, then exactly): a log of
@@ -349,7 +366,7 @@ async fn a_compaction_trims_a_long_log_to_the_records_after_its_snapshot() {
     compacted_through(&store, 1_500).await;
     let snapshot = metric(&store, "cycles_redis_snapshot_version");
     let mut conn = connect(&url);
-    let log = format!("{{{namespace}}}:log");
+    let log = format!("{{{}}}:log", *namespace);
     let entries: u64 = redis::cmd("XLEN").arg(&log).query(&mut conn).expect("XLEN");
     let after: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
         .arg(&log)
@@ -367,8 +384,6 @@ async fn a_compaction_trims_a_long_log_to_the_records_after_its_snapshot() {
         "the log still holds records up to the snapshot at {snapshot}"
     );
     drop(store);
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 /// The `at` (newest record's time) of every entry of one of a ledger's history streams.
@@ -487,8 +502,6 @@ async fn history_past_its_retention_leaves_redis() {
     let verified =
         store::redis::verify(&url, &Topology::Single, &namespace).expect("read the ledger back");
     assert!(canonical(&verified.state) == canonical(&model.state));
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -669,8 +682,6 @@ async fn random_sequence(url: &str, steps: &[Step]) {
     // The provisioning alone is more than 7 records.
     assert!(compactions > 0, "no compaction ran");
     assert_reads_back(url, &namespace, &model.state);
-    store::redis::delete_ledger(url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 /// Two instances on one machine never share a history directory: the second is refused at
@@ -693,8 +704,6 @@ fn a_history_directory_serves_one_instance() {
     );
     drop(first);
     drop(open(&url, &namespace, clock, dir.path(), u64::MAX));
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 /// The ledger's time is Redis's clock, whatever an instance's own clock says: two
@@ -745,8 +754,6 @@ async fn the_ledgers_time_is_redis_clock() {
         );
     }
     drop(stores);
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 /// A state larger than a snapshot part (1 MiB) goes to Redis in several parts and reads
@@ -768,15 +775,13 @@ async fn a_snapshot_of_several_parts_reads_back() {
     store.shutdown().await;
     let mut conn = connect(&url);
     let parts: u64 = redis::cmd("HGET")
-        .arg(format!("{{{namespace}}}:snapshot"))
+        .arg(format!("{{{}}}:snapshot", *namespace))
         .arg("parts")
         .query(&mut conn)
         .expect("the snapshot's parts");
     assert!(parts >= 2, "{parts} part(s)");
     let (snapshot, _) = assert_reads_back(&url, &namespace, &model.state);
     assert!(snapshot.is_some_and(|v| v >= 5_000));
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
 
 /// More history of one kind than one entry holds (about 256 KiB) goes to its stream in
@@ -821,6 +826,4 @@ async fn history_larger_than_an_entry_reads_back_whole() {
     assert_eq!(archived, model.archive.len() as u64);
     drop(fresh);
     assert_reads_back(&url, &namespace, &model.state);
-    store::redis::delete_ledger(&url, &Topology::Single, &namespace)
-        .expect("delete the test ledger");
 }
