@@ -18,12 +18,36 @@ pub fn redis_url(var: &str) -> Option<String> {
     url
 }
 
-/// A ledger name of the test's own in a shared Redis.
-pub fn namespace(name: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("cycles-{name}-{}-{nanos}", std::process::id())
+/// A ledger of the test's own in a shared Redis, deleted from it when the test ends, whether
+/// it passed or not. Declared before the test's servers, it goes after them.
+pub struct TestLedger {
+    pub url: String,
+    pub cluster: bool,
+    pub namespace: String,
+}
+
+impl TestLedger {
+    /// A new ledger named after `name`, on the Redis (or the Cluster's nodes) at `url`.
+    pub fn new(url: &str, cluster: bool, name: &str) -> TestLedger {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        TestLedger {
+            url: url.to_string(),
+            cluster,
+            namespace: format!("cycles-{name}-{}-{nanos}", std::process::id()),
+        }
+    }
+}
+
+impl Drop for TestLedger {
+    fn drop(&mut self) {
+        let deleted =
+            store::redis::delete_ledger(&self.url, &topology(self.cluster), &self.namespace);
+        if let Err(e) = deleted {
+            eprintln!("the test ledger {} was not deleted: {e}", self.namespace);
+        }
+    }
 }
 
 /// A request to `base` as the admin (`who` `None`) or as an API key, with a JSON body for a

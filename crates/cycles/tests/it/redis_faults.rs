@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::ledger_http::{assert_redis_ledger_ok, call, namespace, provision, redis_url};
+use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url, TestLedger};
 use crate::process::{
     assert_serve_refused_in_use, assert_verify_ok, client, free_port, RedisServe, Server,
 };
@@ -745,23 +745,21 @@ async fn a_second_instance_on_a_data_directory_is_refused() {
     };
     let dir = TempDir::new().unwrap();
     let data = dir.path().join("data");
-    let ns = namespace("dir-in-use");
-    let server = Server::start_redis(&data, dir.path(), &RedisServe::new(&url, false, &ns)).await;
+    let ledger = TestLedger::new(&url, false, "dir-in-use");
+    let ns = &ledger.namespace;
+    let server = Server::start_redis(&data, dir.path(), &RedisServe::new(&url, false, ns)).await;
     let args = [
         "--store",
         "redis",
         "--redis-url",
         &url,
         "--redis-namespace",
-        &ns,
+        ns,
         "--redis-durability",
         "none",
     ];
     assert_serve_refused_in_use(&data, &args);
     assert!(ready(&server.base).await, "the first instance still serves");
-    drop(server);
-    store::redis::delete_ledger(&url, &store::redis::Topology::Single, &ns)
-        .expect("delete the test ledger");
 }
 
 /// A TCP proxy in front of a Redis that holds back the next `stalls` commands naming

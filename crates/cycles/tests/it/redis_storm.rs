@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 
 use crate::ledger_http::{
-    assert_redis_ledger_ok, call, namespace, provision, redis_url, topology, try_call,
+    assert_redis_ledger_ok, call, provision, redis_url, try_call, TestLedger,
 };
 use crate::process::{client, RedisServe, Server};
 
@@ -269,26 +269,13 @@ async fn assert_audit_follows_each_request(bases: &[String]) {
     assert!(sent_after > sent_before, "no audited write was handed on");
 }
 
+/// Dropped in field order: the servers stop first, then the ledger goes from Redis.
 struct Fleet {
     servers: Vec<Server>,
+    ledger: TestLedger,
     writes: Writes,
     bases: Arc<Vec<String>>,
-    url: String,
-    cluster: bool,
-    namespace: String,
     _dirs: Vec<TempDir>,
-}
-
-impl Drop for Fleet {
-    /// The servers stop first, then the ledger goes from Redis.
-    fn drop(&mut self) {
-        self.servers.clear();
-        let deleted =
-            store::redis::delete_ledger(&self.url, &topology(self.cluster), &self.namespace);
-        if let Err(e) = deleted {
-            eprintln!("the storm's ledger {} was not deleted: {e}", self.namespace);
-        }
-    }
 }
 
 /// How the fleet's instances write.
@@ -308,13 +295,13 @@ async fn fleet(
     writes: Writes,
     extra: &[&'static str],
 ) -> Fleet {
-    let namespace = namespace(&format!("storm-{name}"));
+    let ledger = TestLedger::new(&url, cluster, &format!("storm-{name}"));
     let mut servers = Vec::new();
     let mut dirs = Vec::new();
     for _ in 0..INSTANCES {
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().join("data");
-        let mut redis = RedisServe::new(&url, cluster, &namespace);
+        let mut redis = RedisServe::new(&url, cluster, &ledger.namespace);
         // Compactions run all through the storm (it appends a few thousand records), so
         // instances also read the ledger back from snapshots they did not write.
         redis.extra = vec!["--redis-snapshot-records", "200"];
@@ -334,11 +321,9 @@ async fn fleet(
     let bases = Arc::new(servers.iter().map(|s| s.base.clone()).collect());
     Fleet {
         servers,
+        ledger,
         writes,
         bases,
-        url,
-        cluster,
-        namespace,
         _dirs: dirs,
     }
 }
@@ -476,7 +461,11 @@ async fn shared_budget_storm(fleet: Fleet) {
             assert_audit_follows_each_request(&fleet.bases).await;
         }
     }
-    assert_redis_ledger_ok(&fleet.url, fleet.cluster, &fleet.namespace);
+    assert_redis_ledger_ok(
+        &fleet.ledger.url,
+        fleet.ledger.cluster,
+        &fleet.ledger.namespace,
+    );
 }
 
 /// The shared budget was run dry, never oversubscribed, and every instance (of `bases`)
@@ -553,7 +542,11 @@ async fn a_holder_killed_while_writes_are_handed_to_it_loses_nothing() {
         unreachable.iter().chain(&lost).sum::<u64>() > 0,
         "the survivors never found the holder gone: the kill came after the storm"
     );
-    assert_redis_ledger_ok(&fleet.url, fleet.cluster, &fleet.namespace);
+    assert_redis_ledger_ok(
+        &fleet.ledger.url,
+        fleet.ledger.cluster,
+        &fleet.ledger.namespace,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -594,5 +587,9 @@ async fn instances_keep_every_clients_own_budget_exact() {
         assert_eq!(remaining, allocated - spent, "client {c}");
     }
     assert_every_instance_wrote(&fleet.bases).await;
-    assert_redis_ledger_ok(&fleet.url, fleet.cluster, &fleet.namespace);
+    assert_redis_ledger_ok(
+        &fleet.ledger.url,
+        fleet.ledger.cluster,
+        &fleet.ledger.namespace,
+    );
 }
