@@ -132,6 +132,12 @@ fn method_differences(old: &Report, new: &Report) -> Vec<String> {
     let (a, b) = (&old.method, &new.method);
     let estimates = |varied: bool| if varied { "varied" } else { "fixed" };
     let clients = |c: &[usize]| format!("{c:?}");
+    let sizes = |n: &[u64]| format!("{n:?}");
+    // No phases recorded: a report from before `--only` was, which ran them all.
+    let phases = |p: &[String]| match p.is_empty() {
+        true => "all".to_string(),
+        false => p.join(","),
+    };
     let host = |r: &Report| format!("{} × {}", r.environment.cores, r.environment.cpu_model);
     let pairs = [
         ("host", host(old), host(new)),
@@ -188,6 +194,23 @@ fn method_differences(old: &Report, new: &Report) -> Vec<String> {
             b.client_threads.to_string(),
         ),
         ("quick", a.quick.to_string(), b.quick.to_string()),
+        ("phases", phases(&a.phases), phases(&b.phases)),
+        ("list rows", sizes(&a.list_rows), sizes(&b.list_rows)),
+        (
+            "audit entries",
+            sizes(&a.audit_entries),
+            sizes(&b.audit_entries),
+        ),
+        (
+            "settled rows",
+            sizes(&a.settled_rows),
+            sizes(&b.settled_rows),
+        ),
+        (
+            "fixture clients",
+            a.fixture_clients.to_string(),
+            b.fixture_clients.to_string(),
+        ),
     ];
     pairs
         .into_iter()
@@ -326,9 +349,16 @@ mod tests {
         new.method.concurrency_clients = vec![8];
         new.target.spread_urls = vec!["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()];
         new.environment.cores = old.environment.cores + 2;
+        new.method.phases = vec!["lifecycles".into()];
+        new.method.list_rows = vec![1_000];
         let (table, _) = compare(&old, &new, 0.25);
         let notes: Vec<&str> = table.lines().filter(|l| l.starts_with("- ")).collect();
-        assert_eq!(notes.len(), 6, "{table}");
+        assert_eq!(notes.len(), 8, "{table}");
+        assert!(
+            table.contains("- phases: all in the baseline, lifecycles in the current run"),
+            "{table}"
+        );
+        assert!(table.contains("- list rows: "), "{table}");
         assert!(table.contains("- host: "), "{table}");
         assert!(
             table.contains("- durability: strict in the baseline, none in the current run"),
