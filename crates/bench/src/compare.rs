@@ -133,7 +133,7 @@ fn method_differences(old: &Report, new: &Report) -> Vec<String> {
     let estimates = |varied: bool| if varied { "varied" } else { "fixed" };
     let clients = |c: &[usize]| format!("{c:?}");
     let sizes = |n: &[u64]| format!("{n:?}");
-    // No phases recorded: a report from before `--only` was, which ran them all.
+    // A report written before phases were recorded ran them all.
     let phases = |p: &[String]| match p.is_empty() {
         true => "all".to_string(),
         false => p.join(","),

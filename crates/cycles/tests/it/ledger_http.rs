@@ -40,6 +40,13 @@ impl TestLedger {
     }
 }
 
+impl TestLedger {
+    /// `cycles verify` on this ledger.
+    pub fn assert_ok(&self) {
+        assert_redis_ledger_ok(&self.url, self.cluster, &self.namespace);
+    }
+}
+
 impl Drop for TestLedger {
     fn drop(&mut self) {
         let deleted =

@@ -19,9 +19,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::ledger_http::{
-    assert_redis_ledger_ok, call, provision, redis_url, try_call, TestLedger,
-};
+use crate::ledger_http::{call, provision, redis_url, try_call, TestLedger};
 use crate::process::{client, RedisServe, Server};
 
 const INSTANCES: usize = 3;
@@ -461,11 +459,7 @@ async fn shared_budget_storm(fleet: Fleet) {
             assert_audit_follows_each_request(&fleet.bases).await;
         }
     }
-    assert_redis_ledger_ok(
-        &fleet.ledger.url,
-        fleet.ledger.cluster,
-        &fleet.ledger.namespace,
-    );
+    fleet.ledger.assert_ok();
 }
 
 /// The shared budget was run dry, never oversubscribed, and every instance (of `bases`)
@@ -542,11 +536,7 @@ async fn a_holder_killed_while_writes_are_handed_to_it_loses_nothing() {
         unreachable.iter().chain(&lost).sum::<u64>() > 0,
         "the survivors never found the holder gone: the kill came after the storm"
     );
-    assert_redis_ledger_ok(
-        &fleet.ledger.url,
-        fleet.ledger.cluster,
-        &fleet.ledger.namespace,
-    );
+    fleet.ledger.assert_ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -587,9 +577,5 @@ async fn instances_keep_every_clients_own_budget_exact() {
         assert_eq!(remaining, allocated - spent, "client {c}");
     }
     assert_every_instance_wrote(&fleet.bases).await;
-    assert_redis_ledger_ok(
-        &fleet.ledger.url,
-        fleet.ledger.cluster,
-        &fleet.ledger.namespace,
-    );
+    fleet.ledger.assert_ok();
 }
