@@ -1,9 +1,8 @@
 //! What the Redis engine's process tests share: a request to a server, a tenant set up on
 //! it, the Redis they need, and `cycles verify` on a Redis ledger.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde_json::{json, Value};
+use store::redis::{ScratchLedger, Topology};
 
 use crate::process::{assert_verify_ok, client, ADMIN_KEY};
 
@@ -16,45 +15,6 @@ pub fn redis_url(var: &str) -> Option<String> {
         eprintln!("skipped: this test needs {var}");
     }
     url
-}
-
-/// A ledger of the test's own in a shared Redis, deleted from it when the test ends, whether
-/// it passed or not. Declared before the test's servers, it goes after them.
-pub struct TestLedger {
-    pub url: String,
-    pub cluster: bool,
-    pub namespace: String,
-}
-
-impl TestLedger {
-    /// A new ledger named after `name`, on the Redis (or the Cluster's nodes) at `url`.
-    pub fn new(url: &str, cluster: bool, name: &str) -> TestLedger {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        TestLedger {
-            url: url.to_string(),
-            cluster,
-            namespace: format!("cycles-{name}-{}-{nanos}", std::process::id()),
-        }
-    }
-}
-
-impl TestLedger {
-    /// `cycles verify` on this ledger.
-    pub fn assert_ok(&self) {
-        assert_redis_ledger_ok(&self.url, self.cluster, &self.namespace);
-    }
-}
-
-impl Drop for TestLedger {
-    fn drop(&mut self) {
-        let deleted =
-            store::redis::delete_ledger(&self.url, &topology(self.cluster), &self.namespace);
-        if let Err(e) = deleted {
-            eprintln!("the test ledger {} was not deleted: {e}", self.namespace);
-        }
-    }
 }
 
 /// A request to `base` as the admin (`who` `None`) or as an API key, with a JSON body for a
@@ -125,12 +85,17 @@ pub async fn provision(base: &str, tenant: &str, budgets: &[(String, i64)], unit
 }
 
 /// How a test ledger's Redis is reached.
-pub fn topology(cluster: bool) -> store::redis::Topology {
+pub fn topology(cluster: bool) -> Topology {
     if cluster {
-        store::redis::Topology::Cluster
+        Topology::Cluster
     } else {
-        store::redis::Topology::Single
+        Topology::Single
     }
+}
+
+/// `cycles verify` on a test's ledger.
+pub fn assert_ledger_ok(ledger: &ScratchLedger) {
+    assert_redis_ledger_ok(&ledger.url, ledger.is_cluster(), &ledger.namespace);
 }
 
 /// `cycles verify` on a Redis engine's ledger.

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use store::redis::{ScratchLedger, Topology};
 use tempfile::TempDir;
 
-use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url, TestLedger};
+use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url};
 use crate::process::{
     assert_serve_refused_in_use, assert_verify_ok, client, free_port, RedisServe, Server,
 };
@@ -745,7 +746,7 @@ async fn a_second_instance_on_a_data_directory_is_refused() {
     };
     let dir = TempDir::new().unwrap();
     let data = dir.path().join("data");
-    let ledger = TestLedger::new(&url, false, "dir-in-use");
+    let ledger = ScratchLedger::new(&url, Topology::Single, "dir-in-use");
     let ns = &ledger.namespace;
     let server = Server::start_redis(&data, dir.path(), &RedisServe::new(&url, false, ns)).await;
     let args = [

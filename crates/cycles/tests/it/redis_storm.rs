@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use store::redis::ScratchLedger;
 use tempfile::TempDir;
 
-use crate::ledger_http::{call, provision, redis_url, try_call, TestLedger};
+use crate::ledger_http::{assert_ledger_ok, call, provision, redis_url, topology, try_call};
 use crate::process::{client, RedisServe, Server};
 
 const INSTANCES: usize = 3;
@@ -270,7 +271,7 @@ async fn assert_audit_follows_each_request(bases: &[String]) {
 /// Dropped in field order: the servers stop first, then the ledger goes from Redis.
 struct Fleet {
     servers: Vec<Server>,
-    ledger: TestLedger,
+    ledger: ScratchLedger,
     writes: Writes,
     bases: Arc<Vec<String>>,
     _dirs: Vec<TempDir>,
@@ -293,7 +294,7 @@ async fn fleet(
     writes: Writes,
     extra: &[&'static str],
 ) -> Fleet {
-    let ledger = TestLedger::new(&url, cluster, &format!("storm-{name}"));
+    let ledger = ScratchLedger::new(&url, topology(cluster), &format!("storm-{name}"));
     let mut servers = Vec::new();
     let mut dirs = Vec::new();
     for _ in 0..INSTANCES {
@@ -459,7 +460,7 @@ async fn shared_budget_storm(fleet: Fleet) {
             assert_audit_follows_each_request(&fleet.bases).await;
         }
     }
-    fleet.ledger.assert_ok();
+    assert_ledger_ok(&fleet.ledger);
 }
 
 /// The shared budget was run dry, never oversubscribed, and every instance (of `bases`)
@@ -536,7 +537,7 @@ async fn a_holder_killed_while_writes_are_handed_to_it_loses_nothing() {
         unreachable.iter().chain(&lost).sum::<u64>() > 0,
         "the survivors never found the holder gone: the kill came after the storm"
     );
-    fleet.ledger.assert_ok();
+    assert_ledger_ok(&fleet.ledger);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -577,5 +578,5 @@ async fn instances_keep_every_clients_own_budget_exact() {
         assert_eq!(remaining, allocated - spent, "client {c}");
     }
     assert_every_instance_wrote(&fleet.bases).await;
-    fleet.ledger.assert_ok();
+    assert_ledger_ok(&fleet.ledger);
 }

@@ -960,32 +960,26 @@ mod tests {
     /// Two compactors of one new ledger on the test Redis (none without one), their locks
     /// lasting `ttl`, and a connection.
     struct Pair {
-        url: String,
-        namespace: String,
         first: Compactor,
         second: Compactor,
         conn: Conn,
+        /// Last, so it is deleted after the compactors and the connection are gone.
+        _ledger: super::super::ScratchLedger,
     }
 
     impl Pair {
         fn new(ttl: Duration, names: [&str; 2]) -> Option<Pair> {
             let url = std::env::var("CYCLES_TEST_REDIS_URL").ok()?;
-            let namespace = format!("cycles-compactor-lock-{}", uuid::Uuid::new_v4().simple());
-            let first = compactor(&url, &namespace, names[0], ttl);
-            let second = compactor(&url, &namespace, names[1], ttl);
+            let ledger = super::super::ScratchLedger::new(&url, Topology::Single, "compactor-lock");
+            let first = compactor(&url, &ledger.namespace, names[0], ttl);
+            let second = compactor(&url, &ledger.namespace, names[1], ttl);
             let conn = Conn::open(&url, &Topology::Single, first.timeout).expect("connect");
             Some(Pair {
-                url,
-                namespace,
                 first,
                 second,
                 conn,
+                _ledger: ledger,
             })
-        }
-
-        fn clean_up(self) {
-            super::super::delete_ledger(&self.url, &Topology::Single, &self.namespace)
-                .expect("clean up");
         }
     }
 
@@ -1029,7 +1023,6 @@ mod tests {
         assert_eq!(lock_holder(conn, &first.keys).as_deref(), Some("second"));
         second.unlock(&scripts, conn);
         assert_eq!(lock_holder(conn, &first.keys), None);
-        pair.clean_up();
     }
 
     #[test]
@@ -1089,6 +1082,5 @@ mod tests {
             .expect("SMEMBERS");
         assert!(pending.is_empty(), "{pending:?}");
         next.unlock(&scripts, conn);
-        pair.clean_up();
     }
 }

@@ -224,6 +224,7 @@ impl Keys {
     }
 
     /// Every key of the ledger but its snapshots' parts.
+    #[cfg(any(test, feature = "testing"))]
     pub fn fixed(&self) -> Vec<String> {
         let mut keys = vec![
             self.marker.clone(),

@@ -28,6 +28,8 @@
 mod compaction;
 mod jobs;
 mod log;
+#[cfg(any(test, feature = "testing"))]
+mod scratch;
 mod writer;
 
 use std::io;
@@ -45,8 +47,9 @@ use crate::history::{History, Projector, Retention};
 use crate::{Clock, Health, Load, Metric, Reply, RequestContext, Store, StoreError};
 
 use jobs::{Barrier, Job, OperationJob};
-use log::Keys;
 pub use log::{Settings, Topology};
+#[cfg(any(test, feature = "testing"))]
+pub use scratch::ScratchLedger;
 use writer::{Shared, Writer, WriterSeat};
 
 /// Operations queued for the writer, at most; more wait for room.
@@ -407,36 +410,6 @@ pub fn verify(url: &str, topology: &Topology, namespace: &str) -> io::Result<Ver
     Err(io::Error::other(
         "the ledger was compacted every time it was read",
     ))
-}
-
-/// Deletes a ledger from Redis: every key of `namespace`, for good. For tests, which each
-/// run on a ledger of their own; an instance still serving it refuses to go on (its marker
-/// is gone).
-pub fn delete_ledger(url: &str, topology: &Topology, namespace: &str) -> io::Result<()> {
-    let fail = |e: ::redis::RedisError| io::Error::other(e.to_string());
-    let mut conn = log::Conn::open(url, topology, Duration::from_secs(10)).map_err(fail)?;
-    let keys = Keys::new(namespace);
-    // The snapshots' parts first: the pointer and the pending list name them.
-    let mut names: Vec<String> = ::redis::cmd("SMEMBERS")
-        .arg(&keys.pending)
-        .query(conn.link())
-        .map_err(fail)?;
-    let current: Option<String> = ::redis::cmd("HGET")
-        .arg(&keys.snapshot)
-        .arg("name")
-        .query(conn.link())
-        .map_err(fail)?;
-    names.extend(current);
-    for name in names {
-        compaction::delete_parts(&mut conn, &keys, &name, None)
-            .map_err(|e| io::Error::other(e.to_string()))?;
-    }
-    let mut del = ::redis::cmd("DEL");
-    for key in keys.fixed() {
-        del.arg(key);
-    }
-    del.query::<i64>(conn.link()).map_err(fail)?;
-    Ok(())
 }
 
 /// Counters shared with `/metrics`.

@@ -9,10 +9,10 @@
 //! without running, saying so.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ledger::State;
-use store::redis::{RedisConfig, RedisDurability, RedisStore, Topology};
+use store::redis::{RedisConfig, RedisDurability, RedisStore, ScratchLedger, Topology};
 use store::{Clock, Load, ManualClock, Store};
 
 use proptest::prelude::*;
@@ -68,38 +68,6 @@ fn connect(url: &str) -> redis::Connection {
     redis::Client::open(url)
         .and_then(|c| c.get_connection())
         .expect("connect to Redis")
-}
-
-/// A test's ledger in the test Redis, deleted when the test ends, whether it passed or not.
-/// Declared before the test's stores, it is dropped after them.
-struct TestNamespace(String);
-
-impl std::ops::Deref for TestNamespace {
-    type Target = String;
-
-    fn deref(&self) -> &String {
-        &self.0
-    }
-}
-
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        let Some(url) = redis_url() else { return };
-        let deleted = store::redis::delete_ledger(&url, &Topology::Single, &self.0);
-        // A test that failed already says why; one that passed fails here instead.
-        match deleted {
-            Err(e) if !std::thread::panicking() => panic!("delete the test ledger {}: {e}", self.0),
-            Err(e) => eprintln!("the test ledger {} was not deleted: {e}", self.0),
-            Ok(()) => {}
-        }
-    }
-}
-
-fn test_namespace(what: &str) -> TestNamespace {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    TestNamespace(format!("cycles-{what}-{}-{nanos}", std::process::id()))
 }
 
 /// How [`run_workload`] sends its commands to the three instances.
@@ -207,12 +175,13 @@ fn assert_reads_back(url: &str, namespace: &str, model: &State) -> (Option<u64>,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("differential");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "differential");
+    let namespace = &namespace_ledger.namespace;
     let clock = Arc::new(ManualClock::new(T0));
     let (model, compactions) =
-        run_workload(&url, &namespace, &clock, u64::MAX, Sending::InPairs).await;
+        run_workload(&url, namespace, &clock, u64::MAX, Sending::InPairs).await;
     assert_eq!(compactions, 0);
-    let (snapshot, records) = assert_reads_back(&url, &namespace, &model);
+    let (snapshot, records) = assert_reads_back(&url, namespace, &model);
     assert_eq!(snapshot, None);
     assert!(records > 300, "{records} records");
 }
@@ -224,10 +193,11 @@ async fn three_instances_answer_as_the_ledger_and_keep_its_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_archived_earlier_in_the_round_is_found() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("same-round");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "same-round");
+    let namespace = &namespace_ledger.namespace;
     let clock = Arc::new(ManualClock::new(T0));
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = open(&url, &namespace, clock.clone(), dir.path(), u64::MAX);
+    let store = open(&url, namespace, clock.clone(), dir.path(), u64::MAX);
     for command in crate::recovery::provisioning() {
         assert!(command.execute(&store, Load::Busy).await.is_ok());
     }
@@ -310,18 +280,20 @@ async fn history_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compacted_ledger_keeps_its_state_and_its_history() {
     let Some(url) = redis_url() else { return };
-    let whole = test_namespace("uncompacted");
-    let compacted = test_namespace("compacted");
+    let whole_ledger = ScratchLedger::new(&url, Topology::Single, "uncompacted");
+    let whole = &whole_ledger.namespace;
+    let compacted_ledger = ScratchLedger::new(&url, Topology::Single, "compacted");
+    let compacted = &compacted_ledger.namespace;
     let clock = Arc::new(ManualClock::new(T0));
-    let (model, none) = run_workload(&url, &whole, &clock, u64::MAX, Sending::InTurn).await;
+    let (model, none) = run_workload(&url, whole, &clock, u64::MAX, Sending::InTurn).await;
     let clock = Arc::new(ManualClock::new(T0));
     let (compacted_model, compactions) =
-        run_workload(&url, &compacted, &clock, 20, Sending::InTurn).await;
+        run_workload(&url, compacted, &clock, 20, Sending::InTurn).await;
     assert_eq!(none, 0);
     assert!(compactions >= 3, "{compactions} compactions");
     assert!(canonical(&model) == canonical(&compacted_model));
-    let (none, all) = assert_reads_back(&url, &whole, &model);
-    let (snapshot, tail) = assert_reads_back(&url, &compacted, &model);
+    let (none, all) = assert_reads_back(&url, whole, &model);
+    let (snapshot, tail) = assert_reads_back(&url, compacted, &model);
     assert_eq!(none, None);
     assert!(all > 300, "{all} records in the uncompacted log");
     assert!(
@@ -334,8 +306,8 @@ async fn a_compacted_ledger_keeps_its_state_and_its_history() {
         tempfile::tempdir().expect("temp dir"),
         tempfile::tempdir().expect("temp dir"),
     ];
-    let fresh_whole = open(&url, &whole, clock.clone(), dirs[0].path(), u64::MAX);
-    let fresh_compacted = open(&url, &compacted, clock.clone(), dirs[1].path(), u64::MAX);
+    let fresh_whole = open(&url, whole, clock.clone(), dirs[0].path(), u64::MAX);
+    let fresh_compacted = open(&url, compacted, clock.clone(), dirs[1].path(), u64::MAX);
     let expected = history_of(&fresh_whole).await;
     let found = history_of(&fresh_compacted).await;
     assert!(expected.2 > 50, "{} reservations archived", expected.2);
@@ -354,13 +326,14 @@ async fn a_compacted_ledger_keeps_its_state_and_its_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_trims_a_long_log_to_the_records_after_its_snapshot() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("long-log");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "long-log");
+    let namespace = &namespace_ledger.namespace;
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = Arc::new(ManualClock::new(T0));
     // Sent one at a time, each command is a round of its own: a stream entry per record,
     // so the compaction trims more entries than a trimming step takes (1 000), in stream
     // nodes of a few entries each. The workload appends some 1 700 records.
-    let store = open(&url, &namespace, clock.clone(), dir.path(), 1_500);
+    let store = open(&url, namespace, clock.clone(), dir.path(), 1_500);
     let mut model = Model::default();
     run(&store, &clock, &mut model, workload(0, 3_100)).await;
     compacted_through(&store, 1_500).await;
@@ -460,10 +433,11 @@ async fn compacted_through(store: &RedisStore, version: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_past_its_retention_leaves_redis() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("retention");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "retention");
+    let namespace = &namespace_ledger.namespace;
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open(&url, &namespace, clock.clone(), dir.path(), 20);
+    let store = open(&url, namespace, clock.clone(), dir.path(), 20);
     let mut model = Model::default();
     // A compaction starts a second after the last one at the soonest.
     let spacing = std::time::Duration::from_millis(1_100);
@@ -472,8 +446,8 @@ async fn history_past_its_retention_leaves_redis() {
     tokio::time::sleep(spacing).await;
     run(&store, &clock, &mut model, workload(1_000, 30)).await;
     compacted_through(&store, first).await;
-    let before = history_times(&url, &namespace, "archived");
-    let events_before = history_times(&url, &namespace, "events");
+    let before = history_times(&url, namespace, "archived");
+    let events_before = history_times(&url, namespace, "events");
     assert!(!before.is_empty() && !events_before.is_empty());
 
     clock.advance(31 * 24 * 3_600_000);
@@ -490,17 +464,17 @@ async fn history_past_its_retention_leaves_redis() {
         before.iter().all(|at| *at < cutoff),
         "{before:?}, cutoff {cutoff}"
     );
-    let after = history_times(&url, &namespace, "archived");
+    let after = history_times(&url, namespace, "archived");
     assert!(!after.is_empty(), "the last compactions copied none");
     assert!(
         after.iter().all(|at| *at >= cutoff),
         "archived reservations past retention are still in Redis: {after:?}, cutoff {cutoff}"
     );
     // Events are kept 90 days: none went.
-    let events_after = history_times(&url, &namespace, "events");
+    let events_after = history_times(&url, namespace, "events");
     assert!(events_after.starts_with(&events_before));
     let verified =
-        store::redis::verify(&url, &Topology::Single, &namespace).expect("read the ledger back");
+        store::redis::verify(&url, &Topology::Single, namespace).expect("read the ledger back");
     assert!(canonical(&verified.state) == canonical(&model.state));
 }
 
@@ -640,14 +614,15 @@ proptest! {
 }
 
 async fn random_sequence(url: &str, steps: &[Step]) {
-    let namespace = test_namespace("random");
+    let namespace_ledger = ScratchLedger::new(url, Topology::Single, "random");
+    let namespace = &namespace_ledger.namespace;
     let dirs: Vec<_> = (0..3)
         .map(|_| tempfile::tempdir().expect("temp dir"))
         .collect();
     let clock = Arc::new(ManualClock::new(T0));
     let stores: Vec<RedisStore> = dirs
         .iter()
-        .map(|d| open(url, &namespace, clock.clone(), d.path(), 7))
+        .map(|d| open(url, namespace, clock.clone(), d.path(), 7))
         .collect();
     let mut model = Model::default();
     let mut commands: Vec<Command> = PARTIES
@@ -681,7 +656,7 @@ async fn random_sequence(url: &str, steps: &[Step]) {
     drop(stores);
     // The provisioning alone is more than 7 records.
     assert!(compactions > 0, "no compaction ran");
-    assert_reads_back(url, &namespace, &model.state);
+    assert_reads_back(url, namespace, &model.state);
 }
 
 /// Two instances on one machine never share a history directory: the second is refused at
@@ -690,11 +665,12 @@ async fn random_sequence(url: &str, steps: &[Step]) {
 #[test]
 fn a_history_directory_serves_one_instance() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("dir-lock");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "dir-lock");
+    let namespace = &namespace_ledger.namespace;
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = Arc::new(ManualClock::new(T0));
-    let first = open(&url, &namespace, clock.clone(), dir.path(), u64::MAX);
-    let second = config(&url, &namespace, clock.clone(), dir.path(), u64::MAX);
+    let first = open(&url, namespace, clock.clone(), dir.path(), u64::MAX);
+    let second = config(&url, namespace, clock.clone(), dir.path(), u64::MAX);
     let refused = RedisStore::open(second)
         .err()
         .expect("a second instance on the same history directory");
@@ -703,7 +679,7 @@ fn a_history_directory_serves_one_instance() {
         "{refused}"
     );
     drop(first);
-    drop(open(&url, &namespace, clock, dir.path(), u64::MAX));
+    drop(open(&url, namespace, clock, dir.path(), u64::MAX));
 }
 
 /// The ledger's time is Redis's clock, whatever an instance's own clock says: two
@@ -711,7 +687,8 @@ fn a_history_directory_serves_one_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledgers_time_is_redis_clock() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("clock");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "clock");
+    let namespace = &namespace_ledger.namespace;
     let year = 365 * 24 * 3_600_000;
     let stores: Vec<(RedisStore, tempfile::TempDir)> = [T0, T0 + year]
         .into_iter()
@@ -761,10 +738,11 @@ async fn the_ledgers_time_is_redis_clock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_of_several_parts_reads_back() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("parts");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "parts");
+    let namespace = &namespace_ledger.namespace;
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open(&url, &namespace, clock.clone(), dir.path(), 5_000);
+    let store = open(&url, namespace, clock.clone(), dir.path(), 5_000);
     let mut model = Model::default();
     let mut commands = provision(PARTIES[0], 1 << 40, 1 << 40);
     commands.extend(
@@ -780,7 +758,7 @@ async fn a_snapshot_of_several_parts_reads_back() {
         .query(&mut conn)
         .expect("the snapshot's parts");
     assert!(parts >= 2, "{parts} part(s)");
-    let (snapshot, _) = assert_reads_back(&url, &namespace, &model.state);
+    let (snapshot, _) = assert_reads_back(&url, namespace, &model.state);
     assert!(snapshot.is_some_and(|v| v >= 5_000));
 }
 
@@ -789,10 +767,11 @@ async fn a_snapshot_of_several_parts_reads_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_larger_than_an_entry_reads_back_whole() {
     let Some(url) = redis_url() else { return };
-    let namespace = test_namespace("chunks");
+    let namespace_ledger = ScratchLedger::new(&url, Topology::Single, "chunks");
+    let namespace = &namespace_ledger.namespace;
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open(&url, &namespace, clock.clone(), dir.path(), 3_000);
+    let store = open(&url, namespace, clock.clone(), dir.path(), 3_000);
     let mut model = Model::default();
     let party = PARTIES[0];
     let mut commands = provision(party, 1 << 40, 1 << 40);
@@ -810,10 +789,10 @@ async fn history_larger_than_an_entry_reads_back_whole() {
     run(&store, &clock, &mut model, commands).await;
     compacted_through(&store, 3_000).await;
     store.shutdown().await;
-    let entries = history_times(&url, &namespace, "archived").len();
+    let entries = history_times(&url, namespace, "archived").len();
     assert!(entries >= 2, "{entries} history entries");
     let fresh_dir = tempfile::tempdir().expect("temp dir");
-    let fresh = open(&url, &namespace, clock.clone(), fresh_dir.path(), 3_000);
+    let fresh = open(&url, namespace, clock.clone(), fresh_dir.path(), 3_000);
     let archived = fresh
         .read_history(|h| Ok(h.archived_count()))
         .await
@@ -825,5 +804,5 @@ async fn history_larger_than_an_entry_reads_back_whole() {
     );
     assert_eq!(archived, model.archive.len() as u64);
     drop(fresh);
-    assert_reads_back(&url, &namespace, &model.state);
+    assert_reads_back(&url, namespace, &model.state);
 }

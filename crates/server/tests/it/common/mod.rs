@@ -11,7 +11,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 use server::{BoundServer, ServerOptions};
 use store::embedded::{Durability, EmbeddedConfig, EmbeddedStore};
-use store::redis::{RedisConfig, RedisDurability, RedisStore, Topology};
+use store::redis::{RedisConfig, RedisDurability, RedisStore, ScratchLedger, Topology};
 use store::ManualClock;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -23,23 +23,6 @@ pub const REDIS_URL_ENV: &str = "CYCLES_TEST_REDIS_URL";
 /// Points them at a Redis Cluster too (`.ci/run` starts one and sets it).
 pub const REDIS_CLUSTER_URL_ENV: &str = "CYCLES_TEST_REDIS_CLUSTER_URL";
 
-/// A test's ledger in a Redis, deleted when the test's server goes.
-#[derive(Debug, Clone)]
-struct TestLedger {
-    url: String,
-    cluster: bool,
-    namespace: String,
-}
-
-impl Drop for TestLedger {
-    fn drop(&mut self) {
-        let deleted =
-            store::redis::delete_ledger(&self.url, &topology(self.cluster), &self.namespace);
-        if let Err(e) = deleted {
-            eprintln!("the test ledger {} was not deleted: {e}", self.namespace);
-        }
-    }
-}
 /// A fixed start time, so expiry arithmetic in tests is exact.
 pub const T0: i64 = 1_800_000_000_000;
 
@@ -66,7 +49,7 @@ impl Engine {
         self,
         dir: &Path,
         clock: Arc<ManualClock>,
-        ledger: Option<&TestLedger>,
+        ledger: Option<&ScratchLedger>,
     ) -> store::Engine {
         match self {
             Engine::Embedded => {
@@ -78,7 +61,7 @@ impl Engine {
                 let mut config = RedisConfig::new(ledger.url.clone(), dir.join("history"), clock);
                 // The tests set the time.
                 config.clock_from_redis = false;
-                config.topology = topology(ledger.cluster);
+                config.topology = ledger.topology.clone();
                 config.namespace = ledger.namespace.clone();
                 // The test Redis need not persist anything: what is tested is the engine.
                 config.durability = RedisDurability::None;
@@ -91,19 +74,17 @@ impl Engine {
 
     /// The ledger a test on a Redis engine runs on: its own, named after the test's
     /// temporary directory.
-    fn ledger(self, dir: &Path) -> Option<TestLedger> {
-        let cluster = match self {
+    fn ledger(self, dir: &Path) -> Option<ScratchLedger> {
+        let topology = match self {
             Engine::Embedded => return None,
-            Engine::Redis => false,
-            Engine::RedisCluster => true,
+            Engine::Redis => Topology::Single,
+            Engine::RedisCluster => Topology::Cluster,
         };
         let var = self.server_env()?;
-        let name = dir.file_name().expect("a temporary directory's name");
-        Some(TestLedger {
-            url: std::env::var(var).expect("checked by is_available"),
-            cluster,
-            namespace: format!("cycles-test-{}", name.to_string_lossy()),
-        })
+        let url = std::env::var(var).expect("checked by is_available");
+        let dir_name = dir.file_name().expect("a temporary directory's name");
+        let name = format!("test-{}", dir_name.to_string_lossy());
+        Some(ScratchLedger::new(&url, topology, &name))
     }
 
     /// The environment variable that points this engine at its outside server, for an engine
@@ -230,7 +211,7 @@ pub struct TestServer {
     /// The data directory, removed when the server is dropped.
     _dir: TempDir,
     /// A Redis engine's ledger, deleted when the server is dropped.
-    _ledger: Option<TestLedger>,
+    _ledger: Option<ScratchLedger>,
 }
 
 impl TestServer {
@@ -260,7 +241,7 @@ impl TestServer {
     }
 
     async fn start_on(
-        open: impl FnOnce(&Path, Arc<ManualClock>) -> (store::Engine, Option<TestLedger>),
+        open: impl FnOnce(&Path, Arc<ManualClock>) -> (store::Engine, Option<ScratchLedger>),
         configure: impl FnOnce(&mut ServerOptions),
     ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -459,15 +440,6 @@ impl TestServer {
         let b = r.expect(200, None).clone();
         assert_invariant(&b);
         b
-    }
-}
-
-/// How a test ledger's Redis is reached.
-fn topology(cluster: bool) -> Topology {
-    if cluster {
-        Topology::Cluster
-    } else {
-        Topology::Single
     }
 }
 
