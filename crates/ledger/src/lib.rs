@@ -55,7 +55,8 @@ pub use policy::{
 pub use reservation::{Action, Reservation, ReservationStatus};
 pub use results::*;
 pub use scope::{
-    derive_scopes, has_segment, leaf_segment, names_a_level, scope_tenant, Subject, SCOPE_LEVELS,
+    derive_scopes, has_segment, is_within, leaf_segment, names_a_level, scope_tenant, Subject,
+    SCOPE_LEVELS,
 };
 pub use state::{
     Effect, SnapshotData, SnapshotSource, SnapshotV1, SnapshotV2, SnapshotV3, SnapshotV4,

@@ -75,6 +75,19 @@ pub fn has_segment(scope: &str, segment: &str) -> bool {
     scope.split('/').any(|s| s == segment)
 }
 
+/// Whether `scope` is the scope `prefix` names or lies under it (a `scope_prefix` filter):
+/// `tenant:acme/workspace:w1` covers itself and `tenant:acme/workspace:w1/app:a`, not
+/// `tenant:acme/workspace:w10`. A prefix ending in `/` covers what lies under it; an empty
+/// one covers every scope.
+pub fn is_within(scope: &str, prefix: &str) -> bool {
+    match scope.strip_prefix(prefix) {
+        Some(rest) => {
+            prefix.is_empty() || prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/')
+        }
+        None => false,
+    }
+}
+
 /// The tenant id named by a scope's first segment, if it is a tenant segment.
 pub fn scope_tenant(scope: &str) -> Option<&str> {
     scope.split('/').next()?.strip_prefix("tenant:")
@@ -119,5 +132,18 @@ mod tests {
         assert!(!has_segment("tenant:a/agent:bb", "agent:b"));
         assert_eq!(scope_tenant("tenant:a/agent:b"), Some("a"));
         assert_eq!(scope_tenant("agent:b"), None);
+    }
+
+    #[test]
+    fn a_prefix_covers_its_scope_and_what_lies_under_it() {
+        let w1 = "tenant:a/workspace:w1";
+        assert!(is_within(w1, w1));
+        assert!(is_within("tenant:a/workspace:w1/app:x", w1));
+        assert!(!is_within("tenant:a/workspace:w10", w1));
+        assert!(!is_within("tenant:a", w1));
+        assert!(is_within("tenant:a/workspace:w10", "tenant:a/"));
+        assert!(!is_within("tenant:a", "tenant:a/"));
+        assert!(!is_within("tenant:ab", "tenant:a"));
+        assert!(is_within("tenant:a", ""));
     }
 }

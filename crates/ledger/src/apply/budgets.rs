@@ -4,9 +4,9 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::{
-    fund, scope_tenant, Balance, Budget, BudgetKey, BudgetStatus, Endpoint, EventType, FundResult,
-    FundingOp, IdemKey, Millis, OveragePolicy, Permission, Position, Rejection, RolloverPolicy,
-    SortValue, Unit, SCOPE_LEVELS,
+    fund, is_within, scope_tenant, Balance, Budget, BudgetKey, BudgetStatus, Endpoint, EventType,
+    FundResult, FundingOp, IdemKey, Millis, OveragePolicy, Permission, Position, Rejection,
+    RolloverPolicy, SortValue, Unit, SCOPE_LEVELS,
 };
 
 use super::auth::scope_filter_allows;
@@ -132,7 +132,7 @@ impl BudgetFilter {
         let (min, max) = self.utilization_ppb;
         let utilization = utilization_ppb(b);
         tenant.is_none_or(|t| *b.tenant_id == *t)
-            && prefix.is_none_or(|p| b.scope.starts_with(p))
+            && prefix.is_none_or(|p| is_within(&b.scope, p))
             && self.unit.is_none_or(|u| b.unit == u)
             && self.status.is_none_or(|s| b.status == s)
             && self.over_limit.is_none_or(|o| b.is_over_limit == o)

@@ -5,8 +5,9 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::{
-    has_segment, position, ArchiveLookup, Budget, BudgetKey, Endpoint, IdemKey, Millis, Permission,
-    Position, Rejection, Reservation, ReservationStatus, SortBy, State, StoredOutcome, Unit,
+    has_segment, is_within, position, ArchiveLookup, Budget, BudgetKey, Endpoint, IdemKey, Millis,
+    Permission, Position, Rejection, Reservation, ReservationStatus, SortBy, State, StoredOutcome,
+    Unit,
 };
 
 use super::auth::scope_filter_allows;
@@ -306,7 +307,7 @@ impl Tx<'_> {
             .filter(|b| {
                 q.scope_prefix
                     .as_ref()
-                    .is_none_or(|p| b.scope.starts_with(p.as_str()))
+                    .is_none_or(|p| is_within(&b.scope, p))
             })
             .filter(|b| q.unit.is_none_or(|u| b.unit == u))
             .filter(|b| scope_filter_allows(reach, &b.scope))

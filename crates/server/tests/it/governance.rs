@@ -26,6 +26,7 @@ engine_tests!(
     default_key_expiry_is_what_the_document_says,
     balances_in_the_admin_form_are_whole_ledgers,
     scope_filters_limit_what_a_key_reaches,
+    a_scope_prefix_covers_its_scope_and_what_lies_under_it,
 );
 
 const DAY_MS: i64 = 86_400_000;
@@ -1736,5 +1737,75 @@ async fn scope_filters_limit_what_a_key_reaches(engine: Engine) {
     s.post("/v1/admin/policies", As::Key(&eng), policy("tenant:acme/*"))
         .await
         .expect(403, Some("FORBIDDEN"));
+    s.stop().await;
+}
+
+/// `scope_prefix` (listBudgets, the budget bulk filter, balances in the admin form) covers
+/// the scope it names and the scopes under it, segment by segment: `workspace:w1` is not a
+/// prefix of `workspace:w10`, so a bulk action on `w1` leaves `w10` alone.
+async fn a_scope_prefix_covers_its_scope_and_what_lies_under_it(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000).await;
+    for scope in [
+        "tenant:acme/workspace:w1",
+        "tenant:acme/workspace:w1/app:a",
+        "tenant:acme/workspace:w10",
+    ] {
+        s.budget(scope, USD, 100, json!({})).await;
+    }
+    let w1 = ["tenant:acme/workspace:w1", "tenant:acme/workspace:w1/app:a"];
+    let r = s
+        .get(
+            "/v1/admin/budgets?tenant_id=acme&scope_prefix=tenant:acme/workspace:w1",
+            As::Admin,
+        )
+        .await;
+    assert_eq!(scopes(r.expect(200, None)), w1);
+    let r = s
+        .get(
+            "/v1/balances?scope_prefix=tenant:acme/workspace:w1",
+            As::Key(&key),
+        )
+        .await;
+    assert_eq!(scopes_of(r.expect(200, None)), w1);
+    let r = s
+        .get(
+            "/v1/admin/budgets?tenant_id=acme&scope_prefix=tenant:acme/",
+            As::Admin,
+        )
+        .await;
+    assert_eq!(
+        scopes(r.expect(200, None)).len(),
+        3,
+        "a trailing / covers all under it"
+    );
+
+    let credit = |expected: usize, key: &str| {
+        json!({"filter": {"tenant_id": "acme", "scope_prefix": "tenant:acme/workspace:w1"},
+               "action": "CREDIT", "amount": {"unit": USD, "amount": 5},
+               "expected_count": expected, "idempotency_key": key})
+    };
+    let r = s
+        .post("/v1/admin/budgets/bulk-action", As::Admin, credit(3, "c3"))
+        .await;
+    r.expect(409, Some("COUNT_MISMATCH"));
+    let r = s
+        .post("/v1/admin/budgets/bulk-action", As::Admin, credit(2, "c2"))
+        .await;
+    assert_eq!(
+        r.expect(200, None)["succeeded"].as_array().map(Vec::len),
+        Some(2)
+    );
+    for (scope, allocated) in [
+        ("tenant:acme/workspace:w1", 105),
+        ("tenant:acme/workspace:w1/app:a", 105),
+        ("tenant:acme/workspace:w10", 100),
+    ] {
+        assert_eq!(
+            s.ledger(scope, USD).await["allocated"]["amount"],
+            allocated,
+            "{scope}"
+        );
+    }
     s.stop().await;
 }
