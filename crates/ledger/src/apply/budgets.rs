@@ -456,6 +456,8 @@ impl Tx<'_> {
         if let Some(metadata) = patch.metadata {
             b.metadata = Some(metadata.into());
         }
+        // `put_budgets` stamps the copy it keeps; the answer is this one.
+        b.updated_at_ms = self.now;
         self.put_budgets(Cause::Admin(&op.actor), vec![b.clone()])?;
         let data = budget_lifecycle(Some(&before), &b, "UPDATE", None);
         self.budget_event(&op.actor, EventType::BudgetUpdated, &b, data, None);
@@ -494,6 +496,7 @@ impl Tx<'_> {
         }
         let before = b.clone();
         b.status = to;
+        b.updated_at_ms = self.now;
         self.put_budgets(Cause::Admin(&op.actor), vec![b.clone()])?;
         let event_type = if frozen {
             EventType::BudgetFrozen

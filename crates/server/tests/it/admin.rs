@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer};
+use crate::common::{amount, assert_invariant, reserve_body, As, Engine, Resp, TestServer, T0};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -605,14 +605,19 @@ async fn funding_is_idempotent_per_key(engine: Engine) {
 }
 
 /// A FROZEN budget refuses every funding operation with 409 BUDGET_FROZEN; property updates
-/// are still allowed; after unfreezing funding works again.
+/// are still allowed; after unfreezing funding works again. Each change answers the budget
+/// as changed, `updated_at` included.
 async fn frozen_budget_cannot_be_funded(engine: Engine) {
     let s = TestServer::start(engine).await;
     s.setup("acme", 1_000).await;
     let transition = |op: &str| format!("/v1/admin/budgets/{op}?scope=tenant:acme&unit={UNIT}");
-    s.send(Method::POST, &transition("freeze"), As::Admin, None)
-        .await
-        .expect(200, None);
+    let updated_at =
+        |b: &Value| ledger::parse_rfc3339(b["updated_at"].as_str().expect("updated_at"));
+    s.advance(5_000);
+    let r = s
+        .send(Method::POST, &transition("freeze"), As::Admin, None)
+        .await;
+    assert_eq!(updated_at(r.expect(200, None)), Some(T0 + 5_000));
     for op in ["CREDIT", "DEBIT", "RESET", "RESET_SPENT", "REPAY_DEBT"] {
         fund_as(&s, As::Admin, "tenant:acme", funding(op, 1))
             .await
@@ -620,6 +625,7 @@ async fn frozen_budget_cannot_be_funded(engine: Engine) {
     }
     let patch = json!({"overdraft_limit": usd(10)});
     let path = format!("/v1/admin/budgets?scope=tenant:acme&unit={UNIT}");
+    s.advance(5_000);
     let r = s.send(Method::PATCH, &path, As::Admin, Some(&patch)).await;
     let b = r.expect(200, None);
     assert_invariant(b);
@@ -627,11 +633,14 @@ async fn frozen_budget_cannot_be_funded(engine: Engine) {
         (b["status"].as_str(), amount(b, "overdraft_limit")),
         (Some("FROZEN"), 10)
     );
+    assert_eq!(updated_at(b), Some(T0 + 10_000));
     assert_eq!(acme_ledger(&s).await, [1_000, 0, 0, 0, 1_000]);
 
-    s.send(Method::POST, &transition("unfreeze"), As::Admin, None)
-        .await
-        .expect(200, None);
+    s.advance(5_000);
+    let r = s
+        .send(Method::POST, &transition("unfreeze"), As::Admin, None)
+        .await;
+    assert_eq!(updated_at(r.expect(200, None)), Some(T0 + 15_000));
     funded(
         &s,
         funding("CREDIT", 1),
