@@ -7,7 +7,7 @@
 //! address, so a name that resolved to a public address when the subscription was stored
 //! and to a private one later (DNS rebinding) is still refused.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
 use ipnet::IpNet;
@@ -30,10 +30,17 @@ impl Policy {
 }
 
 /// Whether `ip` lies in one of `ranges` (an IPv4-mapped IPv6 address counts as its IPv4).
+/// An unspecified address (`0.0.0.0`, `::`) counts as loopback: a connection to it reaches
+/// this host, so it is refused wherever loopback is.
 pub fn blocked(ip: IpAddr, ranges: &[String]) -> bool {
     let ip = match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
+    };
+    let ip = match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
     };
     ranges
         .iter()
@@ -72,15 +79,42 @@ pub async fn check_url(url: &str, config: &WebhookSecurity) -> Result<Url, Strin
     {
         return Err(format!("{host} resolves to {ip}, in a blocked range"));
     }
-    if !config.allowed_url_patterns.is_empty() {
-        let allowed = config.allowed_url_patterns.iter().any(|p| {
-            glob::Pattern::new(p).is_ok_and(|p| p.matches(url) || p.matches(parsed.as_str()))
-        });
-        if !allowed {
-            return Err("matches none of allowed_url_patterns".into());
-        }
+    if !config.allowed_url_patterns.is_empty()
+        && !config
+            .allowed_url_patterns
+            .iter()
+            .any(|p| matches_pattern(p, &parsed))
+    {
+        return Err("matches none of allowed_url_patterns".into());
     }
     Ok(parsed)
+}
+
+/// Whether `url` matches the glob `pattern` (`https://*.example.com/*`), part by part: the
+/// scheme, then the host with its port, where a `*` cannot reach past the host, then the
+/// path with the query, where it spans segments. Matched as one string, a `*` in the host
+/// would let `http://127.0.0.1/x.example.com/` pass for `http://*.example.com/*`.
+fn matches_pattern(pattern: &str, url: &Url) -> bool {
+    let Some((scheme, rest)) = pattern.split_once("://") else {
+        return false;
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = match (url.host_str(), url.port()) {
+        (Some(host), Some(port)) => format!("{host}:{port}"),
+        (Some(host), None) => host.to_string(),
+        (None, _) => return false,
+    };
+    let target_path = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_string(),
+    };
+    let glob = |pattern: &str, text: &str| {
+        glob::Pattern::new(&pattern.to_ascii_lowercase())
+            .is_ok_and(|p| p.matches(&text.to_ascii_lowercase()))
+    };
+    glob(scheme, url.scheme())
+        && glob(authority, &host)
+        && glob(if path.is_empty() { "/" } else { path }, &target_path)
 }
 
 /// The outbound client's resolver: the system's, with every blocked address removed.
@@ -135,6 +169,39 @@ mod tests {
             "mapped IPv4"
         );
         assert!(!blocked("93.184.216.34".parse().unwrap(), &ranges));
+        for unspecified in ["0.0.0.0", "::", "::ffff:0.0.0.0"] {
+            assert!(
+                blocked(unspecified.parse().unwrap(), &ranges),
+                "{unspecified}"
+            );
+        }
+        assert!(
+            !blocked("0.0.0.0".parse().unwrap(), &[]),
+            "loopback allowed"
+        );
+    }
+
+    #[test]
+    fn a_pattern_matches_scheme_host_and_path_apart() {
+        let m = |pattern: &str, url: &str| matches_pattern(pattern, &Url::parse(url).unwrap());
+        let hooks = "https://*.example.com/*";
+        assert!(m(hooks, "https://hooks.example.com/a/b?c=d"));
+        assert!(m(hooks, "https://HOOKS.Example.com/x"));
+        assert!(!m(hooks, "https://127.0.0.1/hooks.example.com/x"));
+        assert!(!m(hooks, "https://a.example.com@evil.test/x"));
+        assert!(!m(hooks, "https://evil.test/#.example.com/x"));
+        assert!(!m(hooks, "https://a.example.com:8443/x"), "a port is named");
+        assert!(!m(hooks, "http://a.example.com/x"));
+        assert!(m(
+            "https://*.example.com:*/*",
+            "https://a.example.com:8443/x"
+        ));
+        assert!(m("https://hooks.example.com", "https://hooks.example.com/"));
+        assert!(!m(
+            "https://hooks.example.com",
+            "https://hooks.example.com/x"
+        ));
+        assert!(!m("hooks.example.com/*", "https://hooks.example.com/x"));
     }
 
     #[tokio::test]
@@ -165,6 +232,20 @@ mod tests {
             .await
             .unwrap_err()
             .contains("allowed"));
+        assert!(
+            check_url("https://127.0.0.1:9000/bypass.example.com/x", &open)
+                .await
+                .unwrap_err()
+                .contains("allowed")
+        );
+        assert!(check_url("https://0.0.0.0:9000/", &c)
+            .await
+            .unwrap_err()
+            .contains("blocked"));
+        assert!(check_url("https://[::]:8443/", &c)
+            .await
+            .unwrap_err()
+            .contains("blocked"));
         let loopback = WebhookSecurity {
             allowed_url_patterns: vec!["http://127.0.0.1:*/*".into()],
             ..open
