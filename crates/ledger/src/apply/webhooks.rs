@@ -164,6 +164,14 @@ pub struct RecordAttempt {
     pub retry_in_ms: u64,
 }
 
+/// Whether a delivery the dispatcher took is still to be sent: still due, its subscription
+/// still ACTIVE. Asked before each send after a lane's first, so a pause, a delete or an
+/// auto-disable since the lane was taken stops the rest of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryPending {
+    pub delivery_id: String,
+}
+
 /// Queues deliveries of events already selected from the event log (a replay).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueReplay {
@@ -181,6 +189,7 @@ operation!(GetWebhookSecurity => WebhookSecurity, get_webhook_security);
 operation!(SetWebhookSecurity => WebhookSecurity, set_webhook_security);
 operation!(DueDeliveries => Vec<DueDelivery>, due_deliveries);
 operation!(RecordAttempt => Option<Arc<Delivery>>, record_attempt);
+operation!(DeliveryPending => bool, delivery_pending);
 operation!(QueueReplay => usize, queue_replay);
 
 impl WebhookSort {
@@ -532,6 +541,16 @@ impl Tx<'_> {
             self.put(Effect::PutDelivery(Arc::new(ended)));
         }
         Ok(due)
+    }
+
+    fn delivery_pending(&mut self, op: DeliveryPending) -> Result<bool, Rejection> {
+        let webhooks = &self.state.webhooks;
+        Ok(webhooks.due.get(&op.delivery_id).is_some_and(|d| {
+            webhooks
+                .subscriptions
+                .get(&d.subscription_id)
+                .is_some_and(|w| w.status == WebhookStatus::Active)
+        }))
     }
 
     fn record_attempt(&mut self, op: RecordAttempt) -> Result<Option<Arc<Delivery>>, Rejection> {

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ledger::{
-    Actor, Attempt, Delivery, DueDeliveries, DueDelivery, Event, GetWebhookSecurity, RecordAttempt,
-    WebhookSubscription,
+    Actor, Attempt, Delivery, DeliveryPending, DueDeliveries, DueDelivery, Event,
+    GetWebhookSecurity, RecordAttempt, WebhookSubscription,
 };
 use protocol::webhook::EventResponse;
 use store::{Engine, Load, Store};
@@ -192,16 +192,36 @@ fn lanes_of(jobs: Vec<Job>) -> Vec<Vec<Job>> {
         .collect()
 }
 
-/// Sends one subscription's deliveries in order. Each attempt is recorded as soon as it is
-/// known, without holding up the next send; the lane ends when all are recorded.
+/// Sends one subscription's deliveries in order, each attempt recorded before the next is
+/// looked at. Every delivery after the first is sent only if it is still pending: a pause,
+/// a delete or an auto-disable (which the last attempt's record may have made) stops the
+/// lane, with at most the send already under way finishing.
 async fn serve_lane(
     store: &Arc<Engine>,
     webhooks: &Webhooks,
     counters: &DispatchCounters,
     lane: Vec<Job>,
 ) {
-    let mut records = Vec::with_capacity(lane.len());
-    for job in lane {
+    for (i, job) in lane.into_iter().enumerate() {
+        let id = job.delivery.delivery_id.clone();
+        if i > 0 {
+            let pending = DeliveryPending {
+                delivery_id: id.clone(),
+            };
+            let pending = match store.execute(pending, Load::Busy).await {
+                Ok(applied) => applied.result.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match pending {
+                Ok(true) => {}
+                // Cancelled meanwhile; the next look at the store fails it or finds it gone.
+                Ok(false) => continue,
+                Err(why) => {
+                    tracing::warn!(delivery = %id, %why, "webhook lane stopped; it is taken again later");
+                    return;
+                }
+            }
+        }
         let attempt = attempt(webhooks, &job).await;
         let counter = if attempt.success {
             &counters.delivered
@@ -209,25 +229,13 @@ async fn serve_lane(
             &counters.failed_attempts
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let retry_in_ms = retry_delay(&job);
         let record = RecordAttempt {
-            delivery_id: job.delivery.delivery_id.clone(),
+            delivery_id: id.clone(),
             attempt,
-            retry_in_ms,
+            retry_in_ms: retry_delay(&job),
         };
-        let store = store.clone();
-        records.push((
-            job.delivery.delivery_id.clone(),
-            tokio::spawn(async move { store.execute(record, Load::Busy).await }),
-        ));
-    }
-    for (id, record) in records {
-        match record.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(delivery = %id, error = %e, "delivery attempt not recorded; it will be retried")
-            }
-            Err(e) => tracing::warn!(delivery = %id, error = %e, "delivery attempt not recorded"),
+        if let Err(e) = store.execute(record, Load::Busy).await {
+            tracing::warn!(delivery = %id, error = %e, "delivery attempt not recorded; it will be retried");
         }
     }
 }

@@ -4,7 +4,7 @@
 //! auto-disable; replay.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ engine_tests!(
     threshold_crossings_reach_the_levels_subscribed,
     expired_keys_are_announced_once,
     a_delivery_a_day_late_is_failed_not_sent,
+    a_pause_stops_the_deliveries_already_taken,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -1390,5 +1391,67 @@ async fn a_delivery_a_day_late_is_failed_not_sent(engine: Engine) {
         "a stale delivery does not count against it"
     );
     assert_eq!(w["consecutive_failures"], 0);
+    s.stop().await;
+}
+
+/// A subscription paused while a lane of its deliveries is being sent gets nothing more than
+/// the send already under way: every delivery after a lane's first is looked at again just
+/// before it goes.
+async fn a_pause_stops_the_deliveries_already_taken(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    s.tenant("acme").await;
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let slow = axum::Router::new().route(
+        "/hook",
+        axum::routing::post({
+            let arrived = arrived.clone();
+            move || {
+                let arrived = arrived.clone();
+                async move {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, slow).await });
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.funded"]}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.budget("tenant:acme", USD, 10, json!({})).await;
+    const FUNDED: usize = 8;
+    for i in 0..FUNDED {
+        fund(&s, "tenant:acme", 1, &format!("f{i}")).await;
+    }
+    for _ in 0..200 {
+        if arrived.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pause = json!({"status": "PAUSED"});
+    let path = format!("/v1/admin/webhooks/{id}");
+    s.send(Method::PATCH, &path, As::Admin, Some(&pause))
+        .await
+        .expect(200, None);
+    let at_pause = arrived.load(Ordering::SeqCst);
+    assert!(at_pause > 0, "the lane had started");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let after = arrived.load(Ordering::SeqCst);
+    assert!(
+        after <= at_pause + 1 && after < FUNDED,
+        "{after} arrived, {at_pause} of them before the pause"
+    );
     s.stop().await;
 }
