@@ -118,7 +118,6 @@ impl EventListParams {
 /// `GET /v1/events`: what a tenant key may filter by.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
 pub struct TenantEventListParams {
     pub event_type: Option<String>,
     pub category: Option<String>,
@@ -712,7 +711,6 @@ impl WebhookListResponse {
 /// The query of `GET /v1/admin/webhooks`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
 pub struct WebhookListParams {
     pub tenant_id: Option<String>,
     /// `ACTIVE`, `PAUSED` or `DISABLED`.
@@ -733,7 +731,6 @@ pub struct WebhookListParams {
 /// The query of `GET /v1/webhooks`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
 pub struct TenantWebhookListParams {
     /// Required with the admin key; a tenant key's own tenant otherwise.
     pub tenant: Option<String>,
@@ -798,7 +795,6 @@ impl WebhookListParams {
 /// `?tenant_id=` of `POST /v1/admin/webhooks`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
 pub struct WebhookOwnerParams {
     /// The owning tenant; omitted (or `__system__`): a system-wide subscription.
     pub tenant_id: Option<String>,
@@ -819,7 +815,6 @@ pub struct EventPath {
 /// The query of a subscription's deliveries.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
 pub struct DeliveryListParams {
     /// `PENDING`, `SUCCESS`, `FAILED` or `RETRYING`.
     pub status: Option<String>,

@@ -466,9 +466,11 @@ impl Tx<'_> {
                         filter.tenant_id = Some(caller.tenant_id.to_string());
                     }
                     None if filter.tenant_id.is_none() => {
+                        // The spec's own words (listTenantWebhooks).
                         return Err(Rejection::InvalidRequest(
-                            "tenant: required with the admin key".into(),
-                        ))
+                            "tenant query parameter is required when using admin key authentication"
+                                .into(),
+                        ));
                     }
                     None => {}
                 }
