@@ -141,6 +141,13 @@ impl Tx<'_> {
         let tenant_id =
             self.acting_tenant(&op.actor, Permission::PoliciesRead, q.tenant_id.clone())?;
         let start = (tenant_id.clone(), q.after.clone().unwrap_or_default());
+        // A cursor is the last row's id, and policies are never deleted: one naming no
+        // policy of this tenant was not issued for this list.
+        if q.after.is_some() && !self.state.policies.contains_key(&start) {
+            return Err(Rejection::InvalidRequest(
+                "cursor: not valid for this result set; restart pagination without a cursor".into(),
+            ));
+        }
         let lower = if q.after.is_some() {
             Bound::Excluded(start)
         } else {

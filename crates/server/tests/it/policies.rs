@@ -252,6 +252,14 @@ async fn policy_crud_and_validation(engine: Engine) {
         rest.expect(200, None)["policies"].as_array().unwrap().len(),
         1
     );
+    for bad in ["zzzz", "garbage", "pol_0000000000000000"] {
+        s.get(
+            &format!("/v1/admin/policies?limit=1&cursor={bad}"),
+            As::Key(&key),
+        )
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    }
     let theirs = s.get("/v1/admin/policies", As::Key(&other)).await;
     assert_eq!(
         theirs.expect(200, None)["policies"]
