@@ -85,7 +85,8 @@ pub struct GetWebhook {
     pub actor: Actor,
     pub plane: WebhookPlane,
     pub subscription_id: String,
-    /// What a tenant key needs: read to see it, write to send it a test probe.
+    /// What a tenant key needs: read to see it, write to send it a test probe (which a
+    /// closed tenant's webhook refuses, 409 TENANT_CLOSED, as every mutation of it).
     pub permission: Permission,
 }
 
@@ -343,7 +344,12 @@ impl Tx<'_> {
 
     fn get_webhook(&mut self, op: GetWebhook) -> Result<Arc<WebhookSubscription>, Rejection> {
         let id = &op.subscription_id;
-        self.visible_webhook(&op.actor, op.plane, id, op.permission)
+        let w = self.visible_webhook(&op.actor, op.plane, id, op.permission)?;
+        // Asked with write to send a test probe: a mutation of a closed tenant's webhook.
+        if op.permission == Permission::WebhooksWrite && !w.is_system() {
+            self.open_tenant(&w.tenant_id)?;
+        }
+        Ok(w)
     }
 
     fn update_webhook(&mut self, op: UpdateWebhook) -> Result<Arc<WebhookSubscription>, Rejection> {
@@ -665,6 +671,9 @@ impl Tx<'_> {
             id,
             Permission::WebhooksWrite,
         )?;
+        if !w.is_system() {
+            self.open_tenant(&w.tenant_id)?;
+        }
         if w.status != WebhookStatus::Active {
             return Ok(0);
         }

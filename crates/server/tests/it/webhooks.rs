@@ -37,6 +37,7 @@ engine_tests!(
     a_delivery_a_day_late_is_failed_not_sent,
     a_pause_stops_the_deliveries_already_taken,
     webhook_and_event_lists_ignore_parameters_they_do_not_declare,
+    a_closed_tenants_webhook_is_neither_tested_nor_replayed,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -1509,5 +1510,46 @@ async fn webhook_and_event_lists_ignore_parameters_they_do_not_declare(engine: E
         r.expect(400, Some("INVALID_REQUEST"))["message"],
         "tenant query parameter is required when using admin key authentication"
     );
+    s.stop().await;
+}
+
+/// A closed tenant's webhook refuses a test probe and a replay, as every other mutation of
+/// it (409 TENANT_CLOSED, admin spec §4.2 RULE 2), and nothing reaches its receiver; it can
+/// still be read.
+async fn a_closed_tenants_webhook_is_neither_tested_nor_replayed(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (receiver, url) = Receiver::start().await;
+    s.tenant("acme").await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.funded"]}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let close = json!({"status": "CLOSED"});
+    s.send(
+        Method::PATCH,
+        "/v1/admin/tenants/acme",
+        As::Admin,
+        Some(&close),
+    )
+    .await
+    .expect(200, None);
+    for action in ["test", "replay"] {
+        let path = format!("/v1/admin/webhooks/{id}/{action}");
+        s.post(&path, As::Admin, json!({}))
+            .await
+            .expect(409, Some("TENANT_CLOSED"));
+    }
+    s.get(&format!("/v1/admin/webhooks/{id}"), As::Admin)
+        .await
+        .expect(200, None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(receiver.received().is_empty(), "nothing was sent");
     s.stop().await;
 }
