@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::common::metadata_raw;
 use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
-use crate::query::{level_filters, PageSize};
+use crate::query::{level_filters, PageSize, WindowBound};
 use crate::schema::{ReservationSortBy, ReservationStatus as StatusSchema, SortDirection};
 use crate::{parse_rfc3339, Action, Amount, ApiError, Subject};
 
@@ -29,13 +29,33 @@ pub fn encode_list_cursor(q: &ListReservations, position: Position) -> String {
     encode_sorted_cursor(&binding(q), position)
 }
 
-/// An inclusive time window from two RFC 3339 parameters, `(name, value)` each.
+/// A window bound's schema: an RFC 3339 date-time, or blank (unset, as the spec's prose
+/// requires although its schema says `format: date-time` alone).
+fn window_bound_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{AnyOfBuilder, KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    AnyOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime))),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(r"^\s*$")),
+        )
+        .into()
+}
+
+/// An inclusive time window from two RFC 3339 parameters, `(name, value)` each; a blank
+/// one is unset.
 fn window(
-    (from, from_value): (&str, &Option<String>),
-    (to, to_value): (&str, &Option<String>),
+    (from, from_value): (&str, &WindowBound),
+    (to, to_value): (&str, &WindowBound),
 ) -> Result<(Option<i64>, Option<i64>), ApiError> {
-    let parse = |name: &str, value: &Option<String>| -> Result<Option<i64>, ApiError> {
+    let parse = |name: &str, value: &WindowBound| -> Result<Option<i64>, ApiError> {
         value
+            .0
             .as_deref()
             .map(|v| {
                 parse_rfc3339(v)
@@ -75,23 +95,29 @@ pub struct ReservationListParams {
     /// Only reservations whose subject has this toolset (case-insensitive).
     pub toolset: Option<String>,
     /// Created at or after (RFC 3339).
-    #[param(format = DateTime)]
-    pub from: Option<String>,
+    #[serde(default)]
+    #[param(schema_with = window_bound_schema)]
+    pub from: WindowBound,
     /// Created at or before (RFC 3339).
-    #[param(format = DateTime)]
-    pub to: Option<String>,
+    #[serde(default)]
+    #[param(schema_with = window_bound_schema)]
+    pub to: WindowBound,
     /// Expiring at or after (RFC 3339).
-    #[param(format = DateTime)]
-    pub expires_from: Option<String>,
+    #[serde(default)]
+    #[param(schema_with = window_bound_schema)]
+    pub expires_from: WindowBound,
     /// Expiring at or before (RFC 3339).
-    #[param(format = DateTime)]
-    pub expires_to: Option<String>,
+    #[serde(default)]
+    #[param(schema_with = window_bound_schema)]
+    pub expires_to: WindowBound,
     /// Finalized at or after (RFC 3339); excludes unfinalized reservations.
-    #[param(format = DateTime)]
-    pub finalized_from: Option<String>,
+    #[serde(default)]
+    #[param(schema_with = window_bound_schema)]
+    pub finalized_from: WindowBound,
     /// Finalized at or before (RFC 3339); excludes unfinalized reservations.
-    #[param(format = DateTime)]
-    pub finalized_to: Option<String>,
+    #[serde(default)]
+    #[param(schema_with = window_bound_schema)]
+    pub finalized_to: WindowBound,
     /// Defaults to created_at_ms.
     #[param(inline, value_type = Option<ReservationSortBy>)]
     pub sort_by: Option<String>,

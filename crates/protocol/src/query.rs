@@ -5,7 +5,8 @@
 //! Parameters a struct does not declare are ignored (the spec's additive-parameter rule).
 //! A declared scalar parameter given twice (`?limit=1&limit=2`) or given empty (`?to=`) is
 //! 400 INVALID_REQUEST naming it: picking one of two values, or reading an empty one as
-//! absent, would answer a question the client did not ask. Values are trimmed. A list
+//! absent, would answer a question the client did not ask (except where the spec says an
+//! empty one is absent: [`Search`], [`WindowBound`]). Values are trimmed. A list
 //! parameter (a `Vec` field) takes a comma-separated list, the parameter repeated, or both;
 //! its empty items are skipped, and it takes at most [`MAX_LIST_ITEMS`] items, empty ones
 //! counted (a list's length is what was sent, not what was kept).
@@ -156,6 +157,43 @@ impl<'de> de::Deserialize<'de> for Search {
     }
 }
 
+/// A bound of a time window (`from`, `to`, `expires_from` … of `GET /v1/reservations`):
+/// unlike other scalars, a blank value means the bound is unset (the spec's normative rule:
+/// clients render unset variables as `?from=`). Held trimmed; parsed by the listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WindowBound(pub Option<String>);
+
+/// The name [`Values`] recognises to let a blank window bound through.
+const WINDOW_BOUND: &str = "WindowBound";
+
+impl<'de> de::Deserialize<'de> for WindowBound {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+
+        impl<'de> Visitor<'de> for Text {
+            type Value = WindowBound;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an RFC 3339 date-time, or nothing")
+            }
+
+            fn visit_newtype_struct<D: de::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<WindowBound, D::Error> {
+                d.deserialize_str(self)
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<WindowBound, E> {
+                let text = text.trim();
+                Ok(WindowBound((!text.is_empty()).then(|| text.to_string())))
+            }
+        }
+
+        deserializer.deserialize_newtype_struct(WINDOW_BOUND, Text)
+    }
+}
+
 /// The subject-level filters of a query (`workspace` … `toolset`, in that order), each
 /// lower-cased with its level's name.
 pub(crate) fn level_filters(values: [&Option<String>; 5]) -> Vec<(&'static str, String)> {
@@ -281,8 +319,9 @@ impl<'de, 'a> de::Deserializer<'de> for Values<'a> {
         visitor: V,
     ) -> Result<V::Value, QueryError> {
         match (name, self.0) {
-            // `search` may be empty (it then means no search), but not repeated.
-            (SEARCH, [value]) => visitor.visit_str(value),
+            // `search` and a window's bounds may be empty (no search, no bound), but not
+            // repeated.
+            (SEARCH | WINDOW_BOUND, [value]) => visitor.visit_str(value),
             _ => visitor.visit_newtype_struct(self),
         }
     }

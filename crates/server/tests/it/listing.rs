@@ -194,9 +194,9 @@ async fn filters_select_the_right_rows(engine: Engine) {
     let window = walk(&s, &key, &format!("from={from}&to={to}&sort_dir=asc")).await;
     assert_eq!(ids(&window), vec![a[1].clone(), a[2].clone()]);
     // An empty list parameter asks for nothing; an empty scalar one is refused, by name
-    // (it is not read as absent).
+    // (it is not read as absent), but for a window's bounds (query_parameters_are_validated).
     assert_eq!(walk(&s, &key, "include=").await.len(), 7);
-    for blank in ["from", "status"] {
+    for blank in ["status", "agent"] {
         let r = s
             .get(
                 &format!("/v1/reservations?{blank}=&include="),
@@ -348,5 +348,19 @@ async fn query_parameters_are_validated(engine: Engine) {
     s.get("/v1/reservations?color=blue", As::Key(&key))
         .await
         .expect(200, None);
+    // A blank window bound is unset (the spec's normative rule), not malformed: the page is
+    // the one without it. A repeated one is still refused.
+    reserve_many(&s, &key, 3, "bot").await;
+    let all = s.get("/v1/reservations", As::Key(&key)).await;
+    let all = all.expect(200, None).clone();
+    assert_eq!(all["reservations"].as_array().map(Vec::len), Some(3));
+    let blanks = "from=&to=%20&expires_from=&expires_to=&finalized_from=&finalized_to=";
+    let r = s
+        .get(&format!("/v1/reservations?{blanks}"), As::Key(&key))
+        .await;
+    assert_eq!(r.expect(200, None), &all);
+    s.get("/v1/reservations?from=&from=", As::Key(&key))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
     s.stop().await;
 }
