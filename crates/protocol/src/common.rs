@@ -147,7 +147,7 @@ pub struct Subject {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(min_length = 1, max_length = 128, pattern = "^[a-zA-Z0-9_.-]+$")]
     pub toolset: Option<String>,
-    /// Free-form string dimensions (at most 16; keys up to 128, values up to 256 characters).
+    /// Free-form string dimensions (at most 16; values up to 256 characters).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<BTreeMap<String, String>>,
 }
@@ -197,8 +197,8 @@ impl Subject {
                 )));
             }
             for (k, v) in dims {
+                // The spec bounds values, not keys (the body's size bounds those).
                 max_len(format_args!("{field}.dimensions.{k}"), v, 256)?;
-                max_len(format_args!("{field}.dimensions (key)"), k, 128)?;
             }
         }
         Ok(())

@@ -511,6 +511,20 @@ async fn reserve_rejects_bad_subjects_and_actions(engine: Engine) {
         ],
     );
     assert_all_rejected(&s, &key, cases).await;
+    // A dimension's key has no bound of its own (the spec bounds values): accepted, and
+    // round-tripped.
+    let long_key = "k".repeat(300);
+    let mut body = reserve_base("r-dims");
+    body["subject"]["dimensions"] = json!({ long_key.clone(): "v" });
+    let r = s.post("/v1/reservations", As::Key(&key), body).await;
+    let id = r.expect(200, None)["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = s
+        .get(&format!("/v1/reservations/{id}"), As::Key(&key))
+        .await;
+    assert_eq!(r.expect(200, None)["subject"]["dimensions"][&long_key], "v");
     s.stop().await;
 }
 
