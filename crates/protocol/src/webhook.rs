@@ -317,7 +317,15 @@ fn check_thresholds(t: &Option<Value>) -> Result<Option<String>, ApiError> {
                 }
             }
             "burn_rate_multiplier" => unit(name, v, 1.5, f64::MAX)?,
-            "burn_rate_window_seconds" | "rate_window_seconds" => unit(name, v, 60.0, 86_400.0)?,
+            // Integers (the spec's type, and what the detector reads).
+            "burn_rate_window_seconds" | "rate_window_seconds" => match v.as_u64() {
+                Some(60..=86_400) => {}
+                _ => {
+                    return Err(ApiError::invalid(format!(
+                        "thresholds.{name}: must be an integer from 60 to 86400"
+                    )))
+                }
+            },
             "denial_rate_threshold" | "expiry_rate_threshold" | "auth_failure_rate_threshold" => {
                 unit(name, v, 0.0, 1.0)?
             }

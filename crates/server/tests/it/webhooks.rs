@@ -515,6 +515,21 @@ async fn subscriptions_keep_the_invariants(engine: Engine) {
     patch(json!({"status": "DISABLED"}))
         .await
         .expect(400, Some("INVALID_REQUEST"));
+    // A window is whole seconds (the spec's integer), within 60 s to a day.
+    for window in [
+        json!(60.5),
+        json!(120.0),
+        json!(59),
+        json!(86_401),
+        json!("120"),
+    ] {
+        patch(json!({"thresholds": {"rate_window_seconds": window}}))
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
+    patch(json!({"thresholds": {"burn_rate_window_seconds": 120}}))
+        .await
+        .expect(200, None);
     let r = s
         .get("/v1/admin/events?event_type=webhook.created", As::Admin)
         .await;
