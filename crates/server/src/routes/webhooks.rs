@@ -207,7 +207,11 @@ async fn test(app: &App, actor: Actor, plane: WebhookPlane, id: String) -> Answe
     // Audited like every admin-plane POST (the entry names the subscription probed).
     let (w, _) = app.mutate(operation, Plane::Admin).await?;
     let event_id = format!("evt_test_{}", &crate::ids::event_id()[4..16]);
-    let trace_id = format!("{:032x}", rand::random::<u128>());
+    // The probe carries the request's own ids, as every event of a request does.
+    let origin = crate::origin::current();
+    let trace_id = origin
+        .trace_id
+        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
     let event = ledger::Event {
         event_id: event_id.clone(),
         event_type: ledger::EventType::SystemWebhookTest,
@@ -217,12 +221,12 @@ async fn test(app: &App, actor: Actor, plane: WebhookPlane, id: String) -> Answe
         actor: ledger::EventActor {
             kind: ledger::ActorKind::Admin,
             key_id: None,
-            source_ip: None,
+            source_ip: origin.source_ip,
         },
         source: "cycles-admin".into(),
         data: serde_json::json!({ "subscription_id": w.subscription_id, "test": true }).to_string(),
         correlation_id: None,
-        request_id: None,
+        request_id: origin.request_id.clone(),
         trace_id: Some(trace_id.clone()),
     };
     security(app).await?;
@@ -233,7 +237,7 @@ async fn test(app: &App, actor: Actor, plane: WebhookPlane, id: String) -> Answe
         event_id: &event_id,
         event_type: ledger::EventType::SystemWebhookTest.name(),
         trace_id: &trace_id,
-        request_id: None,
+        request_id: origin.request_id.as_deref(),
         secret,
         headers,
     };

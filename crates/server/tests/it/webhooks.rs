@@ -991,6 +991,12 @@ async fn test_probe_reaches_the_receiver(engine: Engine) {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].1["event_type"], "system.webhook_test");
     assert_eq!(got[0].1["data"]["test"], true);
+    // The probe carries the request's trace and request ids, in its headers and its body.
+    let (trace_id, request_id) = (&r.headers["x-cycles-trace-id"], &r.headers["x-request-id"]);
+    assert_eq!(&got[0].0["x-cycles-trace-id"], trace_id);
+    assert_eq!(&got[0].0["x-request-id"], request_id);
+    assert_eq!(got[0].1["trace_id"], trace_id.to_str().unwrap());
+    assert_eq!(got[0].1["request_id"], request_id.to_str().unwrap());
     receiver.assert_signed(&secret);
     receiver.status.store(500, Ordering::SeqCst);
     let r = s
