@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::common::metadata_raw;
 use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
-use crate::query::{level_filters, PageSize, WindowBound};
+use crate::query::{level_filters, PageSize, WindowBound, TOKENS};
 use crate::schema::{ReservationSortBy, ReservationStatus as StatusSchema, SortDirection};
 use crate::{parse_rfc3339, Action, Amount, ApiError, Subject};
 
@@ -130,11 +130,10 @@ pub struct ReservationListParams {
     #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
     pub limit: Option<PageSize>,
     /// Optional projections, comma-separated (repeating the parameter adds more):
-    /// `metadata`, `committed_metadata`. Other tokens and empty items are ignored; at most
-    /// 25 items.
+    /// `metadata`, `committed_metadata`. Other tokens and empty items are ignored.
     #[serde(default)]
-    #[param(style = Form, explode = false, max_items = 25)]
-    pub include: Vec<String>,
+    #[param(value_type = Vec<String>, style = Form, explode = false)]
+    pub include: Include,
 }
 
 impl ReservationListParams {
@@ -202,7 +201,7 @@ impl ReservationListParams {
                 q.sort_by.is_text(),
             )?);
         }
-        Ok((q, Include::of(&self.include)))
+        Ok((q, self.include))
     }
 }
 
@@ -220,17 +219,46 @@ impl Include {
         committed_metadata: true,
     };
 
-    /// The projections `tokens` name (unknown tokens are ignored).
-    pub fn of(tokens: &[String]) -> Self {
+    /// The projections comma-separated `tokens` name (unknown and empty tokens are ignored).
+    fn of(tokens: &str) -> Self {
         let mut inc = Include::default();
-        for token in tokens {
-            match token.as_str() {
+        for token in tokens.split(',') {
+            match token.trim() {
                 "metadata" => inc.metadata = true,
                 "committed_metadata" => inc.committed_metadata = true,
                 _ => {}
             }
         }
         inc
+    }
+}
+
+/// `include`: any number of tokens, every value of the parameter (the spec: unknown and empty
+/// tokens are ignored, never refused).
+impl<'de> Deserialize<'de> for Include {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Tokens;
+
+        impl<'de> serde::de::Visitor<'de> for Tokens {
+            type Value = Include;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("comma-separated projections")
+            }
+
+            fn visit_newtype_struct<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Include, D::Error> {
+                d.deserialize_str(self)
+            }
+
+            fn visit_str<E: serde::de::Error>(self, tokens: &str) -> Result<Include, E> {
+                Ok(Include::of(tokens))
+            }
+        }
+
+        deserializer.deserialize_newtype_struct(TOKENS, Tokens)
     }
 }
 

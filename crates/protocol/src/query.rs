@@ -194,6 +194,11 @@ impl<'de> de::Deserialize<'de> for WindowBound {
     }
 }
 
+/// The name [`Values`] recognises for a parameter of open-ended tokens (`include`): its
+/// values are handed over comma-joined, without the list's bound, since the spec makes any
+/// number of unknown or empty tokens harmless.
+pub(crate) const TOKENS: &str = "Tokens";
+
 /// The subject-level filters of a query (`workspace` … `toolset`, in that order), each
 /// lower-cased with its level's name.
 pub(crate) fn level_filters(values: [&Option<String>; 5]) -> Vec<(&'static str, String)> {
@@ -322,6 +327,8 @@ impl<'de, 'a> de::Deserializer<'de> for Values<'a> {
             // `search` and a window's bounds may be empty (no search, no bound), but not
             // repeated.
             (SEARCH | WINDOW_BOUND, [value]) => visitor.visit_str(value),
+            // Open-ended tokens: every value, comma-joined, however many.
+            (TOKENS, values) => visitor.visit_str(&values.join(",")),
             _ => visitor.visit_newtype_struct(self),
         }
     }
@@ -417,7 +424,7 @@ mod tests {
         limit: Option<PageSize>,
         flag: Option<bool>,
         unit: Option<WireUnit>,
-        include: Vec<String>,
+        items: Vec<String>,
     }
 
     fn probe(raw: &str) -> Result<Probe, String> {
@@ -457,28 +464,28 @@ mod tests {
 
     #[test]
     fn a_list_takes_commas_and_repeats_and_skips_empty_items() {
-        let p = probe("include=a,%20b,,&include=c&include=").unwrap();
-        assert_eq!(p.include, ["a", "b", "c"]);
-        assert!(probe("include=").unwrap().include.is_empty());
+        let p = probe("items=a,%20b,,&items=c&items=").unwrap();
+        assert_eq!(p.items, ["a", "b", "c"]);
+        assert!(probe("items=").unwrap().items.is_empty());
     }
 
     #[test]
     fn a_list_takes_at_most_25_items_sent_empty_ones_too() {
         let items = |n: usize, item: &str| vec![item; n].join(",");
         assert_eq!(
-            probe(&format!("include={}", items(25, "a")))
+            probe(&format!("items={}", items(25, "a")))
                 .unwrap()
-                .include
+                .items
                 .len(),
             25
         );
         for query in [
-            format!("include={}", items(26, "a")),
-            format!("include={}", items(26, "")),
-            format!("include={}&include={}", items(13, "a"), items(13, "")),
+            format!("items={}", items(26, "a")),
+            format!("items={}", items(26, "")),
+            format!("items={}&items={}", items(13, "a"), items(13, "")),
         ] {
             let e = probe(&query).unwrap_err();
-            assert_eq!(e, "include: at most 25 items", "{query}");
+            assert_eq!(e, "items: at most 25 items", "{query}");
         }
     }
 

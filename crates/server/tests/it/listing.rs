@@ -362,5 +362,16 @@ async fn query_parameters_are_validated(engine: Engine) {
     s.get("/v1/reservations?from=&from=", As::Key(&key))
         .await
         .expect(400, Some("INVALID_REQUEST"));
+    // `include` takes any number of tokens, unknown and empty ones ignored (the spec).
+    let many = format!("{}metadata", "x,".repeat(40));
+    for include in [",".repeat(40), many] {
+        let r = s
+            .get(
+                &format!("/v1/reservations?include={include}"),
+                As::Key(&key),
+            )
+            .await;
+        assert_eq!(r.expect(200, None)["reservations"], all["reservations"]);
+    }
     s.stop().await;
 }
