@@ -11,7 +11,23 @@ use crate::{parse_rfc3339, ApiError};
 
 /// Field-level checks beyond what the JSON types enforce (lengths, ranges, patterns).
 pub trait Validate {
+    /// Top-level fields an explicit `null` clears (a PATCH's optional fields, which the
+    /// official dashboard sends as `null` when an operator empties them); every other
+    /// `null` is refused.
+    const CLEARABLE: &'static [&'static str] = &[];
+
     fn validate(&self) -> Result<(), ApiError>;
+}
+
+/// A field that may be absent (`None`), `null` (`Some(None)`: clear it) or a value; with
+/// `#[serde(default, deserialize_with = "nullable")]` and its name in
+/// [`Validate::CLEARABLE`].
+pub fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    serde::Deserialize::deserialize(deserializer).map(Some)
 }
 
 /// Parses a JSON body into `T` (unknown fields rejected) and validates it. Errors name the
@@ -25,7 +41,7 @@ pub fn parse_body<T: DeserializeOwned + Validate>(body: &[u8]) -> Result<T, ApiE
     let value: T = if contains(body, b"null") {
         let json: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::invalid(format!("Malformed request body: {e}")))?;
-        reject_nulls(&json, "")?;
+        reject_nulls(&json, "", T::CLEARABLE)?;
         serde_path_to_error::deserialize(json).map_err(field_error)?
     } else {
         // The common case, without the path tracking; only a body that fails is parsed
@@ -74,9 +90,10 @@ fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     }
 }
 
-/// No schema field is nullable: an explicit `null` is a wrong type, not an absent field.
-/// Open objects (`metadata`, `metrics.custom`) may hold anything.
-fn reject_nulls(value: &Value, path: &str) -> Result<(), ApiError> {
+/// No schema field is nullable: an explicit `null` is a wrong type, not an absent field,
+/// but for the body's `clearable` fields. Open objects (`metadata`, `metrics.custom`) may
+/// hold anything.
+fn reject_nulls(value: &Value, path: &str, clearable: &[&str]) -> Result<(), ApiError> {
     match value {
         Value::Null => Err(ApiError::invalid(format!(
             "{}: must not be null (omit the field instead)",
@@ -91,13 +108,14 @@ fn reject_nulls(value: &Value, path: &str) -> Result<(), ApiError> {
             match (k.as_str(), v) {
                 // The open object itself must be an object; what it holds is the client's.
                 ("metadata" | "custom", Value::Object(_)) => Ok(()),
-                _ => reject_nulls(v, &child),
+                (k, Value::Null) if path.is_empty() && clearable.contains(&k) => Ok(()),
+                _ => reject_nulls(v, &child, &[]),
             }
         }),
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .try_for_each(|(i, v)| reject_nulls(v, &format!("{path}[{i}]"))),
+            .try_for_each(|(i, v)| reject_nulls(v, &format!("{path}[{i}]"), &[])),
         _ => Ok(()),
     }
 }

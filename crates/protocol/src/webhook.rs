@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::cursor::SortedRequest;
 use crate::query::{check_trace_id, time_window as window};
-use crate::validate::max_len;
+use crate::validate::{max_len, nullable};
 use crate::wire::parse_wire;
 use crate::{format_rfc3339, ApiError, ClampedLimit, NextPage, Search, Validate};
 
@@ -421,11 +421,11 @@ pub struct WebhookCreateRequest {
 }
 
 fn check_common(
-    name: &Option<String>,
-    description: &Option<String>,
+    name: Option<&str>,
+    description: Option<&str>,
     url: Option<&str>,
     secret: &Option<String>,
-    metadata: &Option<Value>,
+    metadata: Option<&Value>,
     disable_after_failures: Option<i64>,
 ) -> Result<(), ApiError> {
     if let Some(n) = name {
@@ -444,7 +444,7 @@ fn check_common(
             ));
         }
     }
-    if metadata.as_ref().is_some_and(|m| !m.is_object()) {
+    if metadata.is_some_and(|m| !m.is_object()) {
         return Err(ApiError::invalid("metadata: must be an object"));
     }
     if disable_after_failures.is_some_and(|n| !(1..=1_000_000).contains(&n)) {
@@ -458,11 +458,11 @@ fn check_common(
 impl Validate for WebhookCreateRequest {
     fn validate(&self) -> Result<(), ApiError> {
         check_common(
-            &self.name,
-            &self.description,
+            self.name.as_deref(),
+            self.description.as_deref(),
             Some(&self.url),
             &self.signing_secret,
-            &self.metadata,
+            self.metadata.as_ref(),
             self.disable_after_failures,
         )?;
         if self.event_types.is_empty() {
@@ -526,16 +526,24 @@ impl WebhookCreateRequest {
     }
 }
 
-/// `WebhookUpdateRequest`.
+/// `WebhookUpdateRequest`. `name`, `description`, `scope_filter` and `metadata` may be
+/// `null`, which clears them: the official dashboard sends that when an operator empties
+/// one.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookUpdateRequest {
-    pub name: Option<String>,
-    pub description: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub name: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub description: Option<Option<String>>,
     pub url: Option<String>,
     pub event_types: Option<Vec<String>>,
     pub event_categories: Option<Vec<String>>,
-    pub scope_filter: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub scope_filter: Option<Option<String>>,
     #[schema(value_type = Option<Object>)]
     pub thresholds: Option<Value>,
     pub signing_secret: Option<String>,
@@ -544,18 +552,21 @@ pub struct WebhookUpdateRequest {
     pub disable_after_failures: Option<i64>,
     /// `ACTIVE` or `PAUSED`.
     pub status: Option<String>,
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<Value>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<Object>, nullable)]
+    pub metadata: Option<Option<Value>>,
 }
 
 impl Validate for WebhookUpdateRequest {
+    const CLEARABLE: &'static [&'static str] = &["name", "description", "scope_filter", "metadata"];
+
     fn validate(&self) -> Result<(), ApiError> {
         check_common(
-            &self.name,
-            &self.description,
+            self.name.as_ref().and_then(Option::as_deref),
+            self.description.as_ref().and_then(Option::as_deref),
             self.url.as_deref(),
             &self.signing_secret,
-            &self.metadata,
+            self.metadata.as_ref().and_then(Option::as_ref),
             self.disable_after_failures,
         )?;
         event_types(self.event_types.as_deref().unwrap_or_default())?;
@@ -598,11 +609,11 @@ impl WebhookUpdateRequest {
             name: self.name,
             description: self.description,
             url: self.url,
-            scope_filter: self.scope_filter.map(|s| s.to_lowercase()),
+            scope_filter: self.scope_filter.map(|s| s.map(|s| s.to_lowercase())),
             sealed_secret: self.signing_secret,
             headers: self.headers.map(|h| h.into_iter().collect()),
             disable_after_failures: self.disable_after_failures.map(|n| n as u32),
-            metadata: self.metadata.map(|m| m.to_string()),
+            metadata: self.metadata.map(|m| m.map(|m| m.to_string())),
         })
     }
 }

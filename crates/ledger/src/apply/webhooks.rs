@@ -56,12 +56,13 @@ pub struct NewWebhook {
 /// Fields of a subscription update; `None` leaves a field as it is (arrays replace).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WebhookPatch {
-    pub name: Option<String>,
-    pub description: Option<String>,
+    /// Here and below, `Some(None)` clears the field.
+    pub name: Option<Option<String>>,
+    pub description: Option<Option<String>>,
     pub url: Option<String>,
     pub event_types: Option<Vec<EventType>>,
     pub event_categories: Option<Vec<EventCategory>>,
-    pub scope_filter: Option<String>,
+    pub scope_filter: Option<Option<String>>,
     pub thresholds: Option<String>,
     pub sealed_secret: Option<String>,
     pub headers: Option<Vec<(String, String)>>,
@@ -69,7 +70,7 @@ pub struct WebhookPatch {
     pub disable_after_failures: Option<u32>,
     /// ACTIVE or PAUSED (DISABLED is the server's alone).
     pub status: Option<WebhookStatus>,
-    pub metadata: Option<String>,
+    pub metadata: Option<Option<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -360,18 +361,18 @@ impl Tx<'_> {
         }
         let p = op.patch;
         let mut w = (*before).clone();
-        w.name = p.name.or(w.name);
-        w.description = p.description.or(w.description);
+        w.name = p.name.unwrap_or(w.name);
+        w.description = p.description.unwrap_or(w.description);
         w.url = p.url.unwrap_or(w.url);
         w.event_types = p.event_types.unwrap_or(w.event_types);
         w.event_categories = p.event_categories.unwrap_or(w.event_categories);
-        w.scope_filter = p.scope_filter.or(w.scope_filter);
+        w.scope_filter = p.scope_filter.unwrap_or(w.scope_filter);
         w.thresholds = p.thresholds.or(w.thresholds);
         w.sealed_secret = p.sealed_secret.unwrap_or(w.sealed_secret);
         w.headers = p.headers.unwrap_or(w.headers);
         w.retry_policy = p.retry_policy.unwrap_or(w.retry_policy);
         w.disable_after_failures = p.disable_after_failures.unwrap_or(w.disable_after_failures);
-        w.metadata = p.metadata.or(w.metadata);
+        w.metadata = p.metadata.unwrap_or(w.metadata);
         if let Some(status) = p.status {
             if status == WebhookStatus::Active && w.status != WebhookStatus::Active {
                 w.consecutive_failures = 0;

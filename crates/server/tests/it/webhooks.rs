@@ -38,6 +38,7 @@ engine_tests!(
     a_pause_stops_the_deliveries_already_taken,
     webhook_and_event_lists_ignore_parameters_they_do_not_declare,
     a_closed_tenants_webhook_is_neither_tested_nor_replayed,
+    an_update_clears_the_fields_sent_as_null,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -1572,5 +1573,49 @@ async fn a_closed_tenants_webhook_is_neither_tested_nor_replayed(engine: Engine)
         .expect(200, None);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(receiver.received().is_empty(), "nothing was sent");
+    s.stop().await;
+}
+
+/// A PATCH clears `name`, `description`, `scope_filter` and `metadata` sent as `null`, as the
+/// official dashboard sends them when an operator empties one; a `null` anywhere else is
+/// still refused, and changes nothing.
+async fn an_update_clears_the_fields_sent_as_null(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (_receiver, url) = Receiver::start().await;
+    s.tenant("acme").await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.funded"], "name": "n", "description": "d",
+               "scope_filter": "tenant:acme/*", "metadata": {"team": "ops"}}),
+    )
+    .await;
+    let id = created["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/admin/webhooks/{id}");
+    let patch = |body: Value| {
+        let (s, path) = (&s, path.clone());
+        async move { s.send(Method::PATCH, &path, As::Admin, Some(&body)).await }
+    };
+    for refused in [
+        json!({"url": null}),
+        json!({"name": null, "event_types": null}),
+    ] {
+        patch(refused).await.expect(400, Some("INVALID_REQUEST"));
+    }
+    let kept = s.get(&path, As::Admin).await.expect(200, None).clone();
+    assert_eq!(kept["description"], "d", "a refused PATCH changes nothing");
+    let r = patch(json!({"description": null, "scope_filter": null, "metadata": null})).await;
+    let w = r.expect(200, None);
+    for cleared in ["description", "scope_filter", "metadata"] {
+        assert!(w.get(cleared).is_none(), "{cleared} in {w}");
+    }
+    assert_eq!(w["name"], "n", "what is not sent is kept");
+    let w = patch(json!({"name": null})).await.expect(200, None).clone();
+    assert!(w.get("name").is_none(), "{w}");
+    assert_eq!(s.get(&path, As::Admin).await.expect(200, None), &w);
     s.stop().await;
 }
