@@ -142,8 +142,11 @@ pub(crate) struct WebhookState {
     pub(crate) by_owner: HashMap<String, BTreeSet<String>>,
     pub(crate) security: Option<WebhookSecurity>,
     pub(crate) due: OrdMap<String, Arc<Delivery>>,
-    /// Due deliveries by when they are next attempted.
-    pub(crate) due_index: BTreeSet<(Millis, String)>,
+    /// Each subscription's due deliveries by when they are next attempted.
+    pub(crate) due_by_subscription: HashMap<String, BTreeSet<(Millis, String)>>,
+    /// Each subscription with a due delivery, by its earliest: the dispatcher passes over a
+    /// subscription it is already serving in one step, however many it has waiting.
+    pub(crate) due_subscriptions: BTreeSet<(Millis, String)>,
     pub(crate) last_event: u64,
     pub(crate) last_delivery: u64,
     /// How many subscriptions watch each utilization level beyond the defaults (see
@@ -152,6 +155,39 @@ pub(crate) struct WebhookState {
 }
 
 impl WebhookState {
+    /// Applies `change` to `subscription`'s due deliveries, and moves the subscription in
+    /// [`WebhookState::due_subscriptions`] when its earliest changes.
+    fn index_due(
+        &mut self,
+        subscription: &str,
+        change: impl FnOnce(&mut BTreeSet<(Millis, String)>),
+    ) {
+        if !self.due_by_subscription.contains_key(subscription) {
+            self.due_by_subscription
+                .insert(subscription.to_string(), BTreeSet::new());
+        }
+        let Some(due) = self.due_by_subscription.get_mut(subscription) else {
+            return;
+        };
+        let earliest = |due: &BTreeSet<(Millis, String)>| due.first().map(|(at, _)| *at);
+        let before = earliest(due);
+        change(due);
+        let after = earliest(due);
+        if due.is_empty() {
+            self.due_by_subscription.remove(subscription);
+        }
+        if before != after {
+            if let Some(at) = before {
+                self.due_subscriptions
+                    .remove(&(at, subscription.to_string()));
+            }
+            if let Some(at) = after {
+                self.due_subscriptions
+                    .insert((at, subscription.to_string()));
+            }
+        }
+    }
+
     /// The utilization levels a budget's crossing is an event at: the defaults, and every
     /// level a subscription to `budget.threshold_crossed` names.
     pub(crate) fn watched_levels(&self) -> impl Iterator<Item = Level> + '_ {
@@ -748,12 +784,14 @@ impl State {
             w.last_delivery = w.last_delivery.max(n);
         }
         if let Some(old) = w.due.remove(&d.delivery_id) {
-            w.due_index
-                .remove(&(old.next_attempt_at_ms, old.delivery_id.clone()));
+            w.index_due(&old.subscription_id, |due| {
+                due.remove(&(old.next_attempt_at_ms, old.delivery_id.clone()));
+            });
         }
         if !d.status.is_final() {
-            w.due_index
-                .insert((d.next_attempt_at_ms, d.delivery_id.clone()));
+            w.index_due(&d.subscription_id, |due| {
+                due.insert((d.next_attempt_at_ms, d.delivery_id.clone()));
+            });
             w.due.insert(d.delivery_id.clone(), d.clone());
         }
     }

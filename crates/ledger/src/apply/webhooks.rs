@@ -5,6 +5,7 @@
 //! a create or update would persist, so no path can store a subscription that breaks them:
 //! at least one selector, and no admin-only selector on a tenant-owned subscription.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::{
@@ -514,17 +515,24 @@ impl Tx<'_> {
     fn due_deliveries(&mut self, op: DueDeliveries) -> Result<Vec<DueDelivery>, Rejection> {
         let (state, now) = (self.state, self.now);
         let webhooks = &state.webhooks;
+        let skip: HashSet<&str> = op.skip.iter().map(String::as_str).collect();
+        // Subscription by subscription, earliest first, each one's due deliveries in turn;
+        // those being served are passed over whole.
+        let waiting = webhooks
+            .due_subscriptions
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .filter(|(_, subscription)| !skip.contains(subscription.as_str()))
+            .filter_map(|(_, subscription)| webhooks.due_by_subscription.get(subscription))
+            .flat_map(|due| due.iter().take_while(|(at, _)| *at <= now));
         let mut due = Vec::new();
-        for (_, id) in webhooks.due_index.iter().take_while(|(at, _)| *at <= now) {
+        for (_, id) in waiting {
             if due.len() == op.limit {
                 break;
             }
             let Some(d) = webhooks.due.get(id) else {
                 continue;
             };
-            if op.skip.contains(&d.subscription_id) {
-                continue;
-            }
             let age_ms = now.saturating_sub(d.created_at_ms);
             let failure = match webhooks.subscriptions.get(&d.subscription_id) {
                 // An alert a day late misleads more than it helps (the reference's cutoff):
