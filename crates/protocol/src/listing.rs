@@ -185,7 +185,8 @@ impl ReservationListParams {
                 ("finalized_from", &self.finalized_from),
                 ("finalized_to", &self.finalized_to),
             )?,
-            tenant: self.tenant,
+            // Tenant ids are lower case; a tenant key's is matched the same way.
+            tenant: self.tenant.map(|t| t.to_lowercase()),
             idempotency_key: self.idempotency_key,
             status,
             sort_by,

@@ -309,6 +309,9 @@ async fn admin_listing_requires_a_tenant(engine: Engine) {
             .len(),
         3
     );
+    // In any case, as a tenant key's `tenant` is read.
+    let upper = s.get("/v1/reservations?tenant=ACME", As::Admin).await;
+    assert_eq!(upper.expect(200, None), acme.expect(200, None));
     let other = s.get("/v1/reservations?tenant=other", As::Admin).await;
     assert_eq!(
         other.expect(200, None)["reservations"]
