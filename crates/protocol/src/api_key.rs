@@ -17,7 +17,8 @@ use crate::schema::{
 use crate::tenant::check_tenant_id;
 use crate::validate::{len_between, max_len, timestamp};
 use crate::{
-    format_rfc3339, parse_rfc3339, parse_wire, ApiError, ClampedLimit, Search, Validate, WireName,
+    format_rfc3339, parse_rfc3339, parse_wire, ApiError, ClampedLimit, Search, Validate, Verbatim,
+    WireName,
 };
 
 /// `ApiKeyCreateRequest`.
@@ -218,18 +219,19 @@ pub struct KeyPath {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct RevokeParams {
-    /// Why the key is revoked (recorded as `revoked_reason`).
-    #[param(max_length = 512)]
-    pub reason: Option<String>,
+    /// Why the key is revoked (recorded as `revoked_reason`, as sent).
+    #[param(value_type = Option<String>, max_length = 512)]
+    pub reason: Option<Verbatim>,
 }
 
 impl RevokeParams {
     /// The reason, once checked.
     pub fn into_reason(self) -> Result<Option<String>, ApiError> {
-        if let Some(reason) = &self.reason {
+        let reason = self.reason.map(|Verbatim(reason)| reason);
+        if let Some(reason) = &reason {
             max_len("reason", reason, 512)?;
         }
-        Ok(self.reason)
+        Ok(reason)
     }
 }
 

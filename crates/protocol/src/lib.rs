@@ -29,7 +29,7 @@ pub use cursor::{decode_budget_cursor, encode_budget_cursor, NextPage};
 pub use error::{ApiError, ErrorBody, ErrorCode, Plane};
 pub use fingerprint::fingerprint;
 pub use ledger::{format_rfc3339, parse_rfc3339};
-pub use query::{parse_query, ClampedLimit, PageSize, Search, WindowBound};
+pub use query::{parse_query, ClampedLimit, PageSize, Search, Verbatim, WindowBound};
 pub use validate::{parse_body, Validate};
 pub(crate) use wire::parse_wire;
 pub use wire::WireName;

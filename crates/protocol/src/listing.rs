@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::common::metadata_raw;
 use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
-use crate::query::{level_filters, PageSize, WindowBound, TOKENS};
+use crate::query::{level_filters, PageSize, Verbatim, WindowBound, TOKENS};
 use crate::schema::{ReservationSortBy, ReservationStatus as StatusSchema, SortDirection};
 use crate::{parse_rfc3339, Action, Amount, ApiError, Subject};
 
@@ -78,9 +78,10 @@ fn window(
 pub struct ReservationListParams {
     /// Required with the admin key. With a tenant key, must be the key's tenant (else 403).
     pub tenant: Option<String>,
-    /// Only the reservation created with this idempotency key.
-    #[param(min_length = 1, max_length = 256)]
-    pub idempotency_key: Option<String>,
+    /// Only the reservation created with this idempotency key, exactly as sent (not
+    /// trimmed: keys are opaque).
+    #[param(value_type = Option<String>, min_length = 1, max_length = 256)]
+    pub idempotency_key: Option<Verbatim>,
     /// Only reservations in this state (as of now: a lapsed ACTIVE one is EXPIRED).
     #[param(inline, value_type = Option<StatusSchema>)]
     pub status: Option<String>,
@@ -165,7 +166,8 @@ impl ReservationListParams {
             .transpose()?
             .unwrap_or(SortBy::CreatedAt);
         let descending = descending(self.sort_dir.as_deref())?;
-        if let Some(key) = &self.idempotency_key {
+        let idempotency_key = self.idempotency_key.map(|Verbatim(key)| key);
+        if let Some(key) = &idempotency_key {
             crate::validate::idempotency_key("idempotency_key", key)?;
         }
         let mut q = ListReservations {
@@ -187,7 +189,7 @@ impl ReservationListParams {
             )?,
             // Tenant ids are lower case; a tenant key's is matched the same way.
             tenant: self.tenant.map(|t| t.to_lowercase()),
-            idempotency_key: self.idempotency_key,
+            idempotency_key,
             status,
             sort_by,
             descending,

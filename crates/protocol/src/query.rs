@@ -145,10 +145,11 @@ impl<'de> de::Deserialize<'de> for Search {
             }
 
             fn visit_str<E: de::Error>(self, text: &str) -> Result<Search, E> {
-                let term = text.trim();
-                if term.chars().count() > 128 {
+                // As sent: the bound is on what the client sent, not on what trimming kept.
+                if text.chars().count() > 128 {
                     return Err(E::custom("must be at most 128 characters"));
                 }
+                let term = text.trim();
                 Ok(Search((!term.is_empty()).then(|| term.to_lowercase())))
             }
         }
@@ -191,6 +192,41 @@ impl<'de> de::Deserialize<'de> for WindowBound {
         }
 
         deserializer.deserialize_newtype_struct(WINDOW_BOUND, Text)
+    }
+}
+
+/// A scalar taken exactly as sent, not trimmed: an idempotency key is opaque, and a trimmed
+/// one would name another key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verbatim(pub String);
+
+/// The name [`Values`] recognises to hand a value over untrimmed.
+const VERBATIM: &str = "Verbatim";
+
+impl<'de> de::Deserialize<'de> for Verbatim {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+
+        impl<'de> Visitor<'de> for Text {
+            type Value = Verbatim;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a value")
+            }
+
+            fn visit_newtype_struct<D: de::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Verbatim, D::Error> {
+                d.deserialize_str(self)
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Verbatim, E> {
+                Ok(Verbatim(text.to_string()))
+            }
+        }
+
+        deserializer.deserialize_newtype_struct(VERBATIM, Text)
     }
 }
 
@@ -329,6 +365,9 @@ impl<'de, 'a> de::Deserializer<'de> for Values<'a> {
             (SEARCH | WINDOW_BOUND, [value]) => visitor.visit_str(value),
             // Open-ended tokens: every value, comma-joined, however many.
             (TOKENS, values) => visitor.visit_str(&values.join(",")),
+            (VERBATIM, [value]) if value.is_empty() => Err(QueryError::new("must not be empty")),
+            (VERBATIM, [value]) => visitor.visit_str(value),
+            (VERBATIM, _) => Err(QueryError::new("must be given at most once")),
             _ => visitor.visit_newtype_struct(self),
         }
     }
@@ -425,6 +464,8 @@ mod tests {
         flag: Option<bool>,
         unit: Option<WireUnit>,
         items: Vec<String>,
+        search: Search,
+        key: Option<Verbatim>,
     }
 
     fn probe(raw: &str) -> Result<Probe, String> {
@@ -487,6 +528,24 @@ mod tests {
             let e = probe(&query).unwrap_err();
             assert_eq!(e, "items: at most 25 items", "{query}");
         }
+    }
+
+    #[test]
+    fn a_verbatim_value_is_not_trimmed_and_a_bound_counts_what_was_sent() {
+        let p = probe("key=%20k%20&search=%20Ab%20").unwrap();
+        assert_eq!(p.key, Some(Verbatim(" k ".into())));
+        assert_eq!(p.search, Search(Some("ab".into())));
+        for (raw, message) in [
+            ("key=", "key: must not be empty"),
+            ("key=a&key=b", "key: must be given at most once"),
+        ] {
+            assert_eq!(probe(raw).unwrap_err(), message, "{raw}");
+        }
+        let padded = format!("search=a{}", "%20".repeat(128));
+        assert_eq!(
+            probe(&padded).unwrap_err(),
+            "search: must be at most 128 characters"
+        );
     }
 
     #[test]

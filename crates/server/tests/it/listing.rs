@@ -213,11 +213,21 @@ async fn filters_select_the_right_rows(engine: Engine) {
             r.body
         );
     }
-    // The create idempotency key finds exactly its reservation.
+    // The create idempotency key finds exactly its reservation, as sent: keys are opaque, so
+    // one with a space around it is another key, and one past 256 characters is refused
+    // whatever it ends with.
     assert_eq!(
         ids(&walk(&s, &key, "idempotency_key=beta-1").await),
         vec![b[1].clone()]
     );
+    assert!(walk(&s, &key, "idempotency_key=%20beta-1").await.is_empty());
+    let long = format!("k{}", "%20".repeat(256));
+    s.get(
+        &format!("/v1/reservations?idempotency_key={long}"),
+        As::Key(&key),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
     // include projects metadata; it does not change matching.
     let body = json!({
         "idempotency_key": "m1", "subject": {"tenant": "acme"},
