@@ -494,11 +494,16 @@ function inFlight(path) {
 
 /** The next answer to a POST of `path`, with the JSON body the page sent. */
 async function posted(path, act) {
+  return requested('POST', path, act);
+}
+
+/** What `act` made the page send to `path` with `method`, and what it was answered (2xx). */
+async function requested(method, path, act) {
   const answer = page.waitForResponse((response) =>
-    response.request().method() === 'POST' && new URL(response.url()).pathname === path);
+    response.request().method() === method && new URL(response.url()).pathname === path);
   await act();
   const response = await answer;
-  if (!response.ok()) throw new Error(`POST ${path} answered ${response.status()}`);
+  if (!response.ok()) throw new Error(`${method} ${path} answered ${response.status()}`);
   return { sent: response.request().postDataJSON(), url: new URL(response.url()),
     answer: await response.json() };
 }
@@ -2065,6 +2070,29 @@ async function webhooksPage() {
     await screenshot('webhook-detail-replayed');
   });
 
+  await step('webhook detail: Edit sets a description, and emptying it clears it (sent as null)',
+    async () => {
+      const path = `${WEBHOOKS}/${hooks.acme.id}`;
+      const edit = async (description) => {
+        await rowAction('More webhook actions', 'Edit');
+        const form = dialog('Edit Webhook');
+        await form.locator('#ew-description').fill(description);
+        return requested('PATCH', path, () => button('Save Changes', form).click());
+      };
+      const set = await edit('acme funding alerts');
+      same('the edit sent', set.sent, { description: 'acme funding alerts' });
+      same('the description kept', (await api('GET', path)).description, 'acme funding alerts');
+      await sees('acme funding alerts');
+      await screenshot('webhook-detail-described');
+      const cleared = await edit('');
+      same('the emptied field sent', cleared.sent, { description: null });
+      const w = await api('GET', path);
+      same('the description after', [w.description, w.name], [undefined, hooks.acme.name]);
+      await eventually('the page no longer shows it', async () =>
+        (await page.getByText('acme funding alerts', { exact: true }).count()) === 0);
+      await screenshot('webhook-detail-description-cleared');
+    });
+
   await step('webhooks: pause and enable one from its row; while paused, nothing reaches it',
     async () => {
       await navigate('Webhooks', 'Webhooks');
@@ -2294,10 +2322,12 @@ async function eventsPage() {
     const webhooks = await eventFilter('#ev-category', 'webhook', { category: 'webhook' });
     same('the webhook events\' categories', [...new Set(webhooks.events.map((e) => e.category))],
       ['webhook']);
-    // Both subscriptions created, acme's paused and resumed twice, the system-wide one deleted.
+    // Both subscriptions created, acme's described and cleared, paused and resumed twice, the
+    // system-wide one deleted.
     same('the webhook events', sorted(webhooks.events.map((e) => e.event_type)), sorted([
-      'webhook.created', 'webhook.created', 'webhook.paused', 'webhook.paused',
-      'webhook.resumed', 'webhook.resumed', 'webhook.deleted']));
+      'webhook.created', 'webhook.created', 'webhook.updated', 'webhook.updated',
+      'webhook.paused', 'webhook.paused', 'webhook.resumed', 'webhook.resumed',
+      'webhook.deleted']));
     await screenshot('events-category-webhook');
     await eventFilter('#ev-category', '', {});
 
