@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::common::metadata_raw;
 use crate::cursor::{decode_sorted_cursor, descending, encode_sorted_cursor, Binding};
-use crate::query::{level_filters, PageSize, Verbatim, WindowBound, TOKENS};
+use crate::query::{deserialize_text, level_filters, PageSize, Verbatim, WindowBound, TOKENS};
 use crate::schema::{ReservationSortBy, ReservationStatus as StatusSchema, SortDirection};
 use crate::{parse_rfc3339, Action, Amount, ApiError, Subject};
 
@@ -240,28 +240,12 @@ impl Include {
 /// tokens are ignored, never refused).
 impl<'de> Deserialize<'de> for Include {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Tokens;
-
-        impl<'de> serde::de::Visitor<'de> for Tokens {
-            type Value = Include;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("comma-separated projections")
-            }
-
-            fn visit_newtype_struct<D: serde::Deserializer<'de>>(
-                self,
-                d: D,
-            ) -> Result<Include, D::Error> {
-                d.deserialize_str(self)
-            }
-
-            fn visit_str<E: serde::de::Error>(self, tokens: &str) -> Result<Include, E> {
-                Ok(Include::of(tokens))
-            }
-        }
-
-        deserializer.deserialize_newtype_struct(TOKENS, Tokens)
+        deserialize_text(
+            deserializer,
+            TOKENS,
+            "comma-separated projections",
+            |tokens| Ok(Include::of(tokens)),
+        )
     }
 }
 

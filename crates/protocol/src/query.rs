@@ -128,33 +128,20 @@ const SEARCH: &str = "Search";
 
 impl<'de> de::Deserialize<'de> for Search {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text;
-
-        impl<'de> Visitor<'de> for Text {
-            type Value = Search;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a search term of at most 128 characters")
+        let term = |text: &str| {
+            // As sent: the bound is on what the client sent, not on what trimming kept.
+            if text.chars().count() > 128 {
+                return Err("must be at most 128 characters");
             }
-
-            fn visit_newtype_struct<D: de::Deserializer<'de>>(
-                self,
-                d: D,
-            ) -> Result<Search, D::Error> {
-                d.deserialize_str(self)
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Search, E> {
-                // As sent: the bound is on what the client sent, not on what trimming kept.
-                if text.chars().count() > 128 {
-                    return Err(E::custom("must be at most 128 characters"));
-                }
-                let term = text.trim();
-                Ok(Search((!term.is_empty()).then(|| term.to_lowercase())))
-            }
-        }
-
-        deserializer.deserialize_newtype_struct(SEARCH, Text)
+            let term = text.trim();
+            Ok(Search((!term.is_empty()).then(|| term.to_lowercase())))
+        };
+        deserialize_text(
+            deserializer,
+            SEARCH,
+            "a search term of at most 128 characters",
+            term,
+        )
     }
 }
 
@@ -169,29 +156,16 @@ const WINDOW_BOUND: &str = "WindowBound";
 
 impl<'de> de::Deserialize<'de> for WindowBound {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text;
-
-        impl<'de> Visitor<'de> for Text {
-            type Value = WindowBound;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an RFC 3339 date-time, or nothing")
-            }
-
-            fn visit_newtype_struct<D: de::Deserializer<'de>>(
-                self,
-                d: D,
-            ) -> Result<WindowBound, D::Error> {
-                d.deserialize_str(self)
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<WindowBound, E> {
-                let text = text.trim();
-                Ok(WindowBound((!text.is_empty()).then(|| text.to_string())))
-            }
-        }
-
-        deserializer.deserialize_newtype_struct(WINDOW_BOUND, Text)
+        let bound = |text: &str| {
+            let text = text.trim();
+            Ok(WindowBound((!text.is_empty()).then(|| text.to_string())))
+        };
+        deserialize_text(
+            deserializer,
+            WINDOW_BOUND,
+            "an RFC 3339 date-time, or nothing",
+            bound,
+        )
     }
 }
 
@@ -205,29 +179,46 @@ const VERBATIM: &str = "Verbatim";
 
 impl<'de> de::Deserialize<'de> for Verbatim {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text;
+        deserialize_text(deserializer, VERBATIM, "a value", |text| {
+            Ok(Verbatim(text.to_string()))
+        })
+    }
+}
 
-        impl<'de> Visitor<'de> for Text {
-            type Value = Verbatim;
+/// Deserializes a parameter's newtype from its text: asks for the newtype `name` (which
+/// [`Values`] may recognise, to hand the text over its own way) and makes the value with
+/// `make`, whose error names what is wrong.
+pub(crate) fn deserialize_text<'de, D, T>(
+    deserializer: D,
+    name: &'static str,
+    expecting: &'static str,
+    make: fn(&str) -> Result<T, &'static str>,
+) -> Result<T, D::Error>
+where
+    D: de::Deserializer<'de>,
+{
+    struct Text<T> {
+        expecting: &'static str,
+        make: fn(&str) -> Result<T, &'static str>,
+    }
 
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a value")
-            }
+    impl<'de, T> Visitor<'de> for Text<T> {
+        type Value = T;
 
-            fn visit_newtype_struct<D: de::Deserializer<'de>>(
-                self,
-                d: D,
-            ) -> Result<Verbatim, D::Error> {
-                d.deserialize_str(self)
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Verbatim, E> {
-                Ok(Verbatim(text.to_string()))
-            }
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.expecting)
         }
 
-        deserializer.deserialize_newtype_struct(VERBATIM, Text)
+        fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+            d.deserialize_str(self)
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
+            (self.make)(text).map_err(E::custom)
+        }
     }
+
+    deserializer.deserialize_newtype_struct(name, Text { expecting, make })
 }
 
 /// The name [`Values`] recognises for a parameter of open-ended tokens (`include`): its

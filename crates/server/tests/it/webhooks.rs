@@ -141,6 +141,30 @@ pub(crate) async fn create_webhook(s: &TestServer, tenant: Option<&str>, body: V
         .clone()
 }
 
+/// A server with tenant acme and one subscription of acme's to `budget.funded`, at a receiver
+/// of the test's: the server, the receiver and what the create answered.
+async fn acme_subscribed(engine: Engine) -> (TestServer, Receiver, Value) {
+    let s = TestServer::start(engine).await;
+    allow_loopback(&s).await;
+    let (receiver, url) = Receiver::start().await;
+    s.tenant("acme").await;
+    let created = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": url, "event_types": ["budget.funded"]}),
+    )
+    .await;
+    (s, receiver, created)
+}
+
+/// The id of the subscription a create answered.
+fn subscription_id(created: &Value) -> String {
+    created["subscription"]["subscription_id"]
+        .as_str()
+        .expect("subscription_id")
+        .to_string()
+}
+
 pub(crate) async fn deliveries(s: &TestServer, id: &str) -> Vec<Value> {
     let r = s
         .get(&format!("/v1/admin/webhooks/{id}/deliveries"), As::Admin)
@@ -478,10 +502,7 @@ async fn subscriptions_keep_the_invariants(engine: Engine) {
         json!({"url": url, "event_types": ["budget.funded"]}),
     )
     .await;
-    let theirs = theirs["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let theirs = subscription_id(&theirs);
     s.get(&format!("/v1/webhooks/{theirs}"), As::Key(&key))
         .await
         .expect(404, None);
@@ -647,10 +668,7 @@ async fn deliveries_are_signed_and_recorded(engine: Engine) {
     )
     .await;
     let secret = created["signing_secret"].as_str().unwrap().to_string();
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(&created);
     // A subscription of another tenant hears nothing of this one.
     let (elsewhere, other_url) = Receiver::start().await;
     s.tenant("other").await;
@@ -746,10 +764,7 @@ async fn failed_deliveries_retry_then_disable(engine: Engine) {
                "retry_policy": {"max_retries": 2, "initial_delay_ms": 1000, "backoff_multiplier": 2.0}}),
     )
     .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(&created);
     s.budget("tenant:acme", USD, 100, json!({})).await;
     receiver.wait_for(1).await;
     let d = wait_deliveries(&s, &id, |d| {
@@ -848,10 +863,7 @@ async fn paused_subscriptions_receive_nothing(engine: Engine) {
         json!({"url": url, "event_categories": ["budget"], "event_types": ["tenant.updated"]}),
     )
     .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(&created);
     let path = format!("/v1/admin/webhooks/{id}");
     let r = s
         .send(
@@ -924,10 +936,7 @@ async fn replay_queues_past_events(engine: Engine) {
         json!({"url": url, "event_types": ["budget.funded"]}),
     )
     .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(&created);
     let replay = |body: Value| {
         let path = format!("/v1/admin/webhooks/{id}/replay");
         let s = &s;
@@ -963,20 +972,8 @@ async fn replay_queues_past_events(engine: Engine) {
 }
 
 async fn test_probe_reaches_the_receiver(engine: Engine) {
-    let s = TestServer::start(engine).await;
-    allow_loopback(&s).await;
-    let (receiver, url) = Receiver::start().await;
-    s.tenant("acme").await;
-    let created = create_webhook(
-        &s,
-        Some("acme"),
-        json!({"url": url, "event_types": ["budget.funded"]}),
-    )
-    .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (s, receiver, created) = acme_subscribed(engine).await;
+    let id = subscription_id(&created);
     let secret = created["signing_secret"].as_str().unwrap().to_string();
     let r = s
         .post(
@@ -1137,10 +1134,7 @@ async fn a_hanging_or_redirecting_receiver_holds_up_only_itself(engine: Engine) 
         json!({"url": url, "event_types": ["budget.created"]}),
     )
     .await;
-    let ok_id = ok["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let ok_id = subscription_id(&ok);
     let redirected = s.get("/v1/admin/webhooks?sort_by=url", As::Admin).await;
     let redirected: Vec<String> = redirected.expect(200, None)["subscriptions"]
         .as_array()
@@ -1387,10 +1381,7 @@ async fn a_delivery_a_day_late_is_failed_not_sent(engine: Engine) {
         json!({"url": url, "event_types": ["budget.created"]}),
     )
     .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(&created);
     s.budget("tenant:acme", USD, 100, json!({})).await;
     receiver.wait_for(1).await;
     wait_deliveries(&s, &id, |d| {
@@ -1449,10 +1440,7 @@ async fn a_pause_stops_the_deliveries_already_taken(engine: Engine) {
         json!({"url": url, "event_types": ["budget.funded"]}),
     )
     .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(&created);
     s.budget("tenant:acme", USD, 10, json!({})).await;
     const FUNDED: usize = 8;
     for i in 0..FUNDED {
@@ -1507,10 +1495,7 @@ async fn webhook_and_event_lists_ignore_parameters_they_do_not_declare(engine: E
             json!({"url": url, "event_types": ["budget.funded"]}),
         )
         .await;
-    let id = r.expect(201, None)["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(r.expect(201, None));
     for (path, who) in [
         (
             "/v1/events?sort_dir=desc&sort_by=timestamp&search=x",
@@ -1539,20 +1524,8 @@ async fn webhook_and_event_lists_ignore_parameters_they_do_not_declare(engine: E
 /// it (409 TENANT_CLOSED, admin spec §4.2 RULE 2), and nothing reaches its receiver; it can
 /// still be read.
 async fn a_closed_tenants_webhook_is_neither_tested_nor_replayed(engine: Engine) {
-    let s = TestServer::start(engine).await;
-    allow_loopback(&s).await;
-    let (receiver, url) = Receiver::start().await;
-    s.tenant("acme").await;
-    let created = create_webhook(
-        &s,
-        Some("acme"),
-        json!({"url": url, "event_types": ["budget.funded"]}),
-    )
-    .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (s, receiver, created) = acme_subscribed(engine).await;
+    let id = subscription_id(&created);
     let close = json!({"status": "CLOSED"});
     s.send(
         Method::PATCH,
@@ -1591,10 +1564,7 @@ async fn an_update_clears_the_fields_sent_as_null(engine: Engine) {
                "scope_filter": "tenant:acme/*", "metadata": {"team": "ops"}}),
     )
     .await;
-    let id = created["subscription"]["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = subscription_id(&created);
     let path = format!("/v1/admin/webhooks/{id}");
     let patch = |body: Value| {
         let (s, path) = (&s, path.clone());
