@@ -157,6 +157,16 @@ async fn acme_subscribed(engine: Engine) -> (TestServer, Receiver, Value) {
     (s, receiver, created)
 }
 
+/// A new key of `tenant`'s with `permissions` only: its secret.
+async fn key_with(s: &TestServer, tenant: &str, permissions: &[&str]) -> String {
+    let body = json!({"tenant_id": tenant, "name": "scoped", "permissions": permissions});
+    let r = s.post("/v1/admin/api-keys", As::Admin, body).await;
+    r.expect(201, None)["key_secret"]
+        .as_str()
+        .expect("key_secret")
+        .to_string()
+}
+
 /// The id of the subscription a create answered.
 fn subscription_id(created: &Value) -> String {
     created["subscription"]["subscription_id"]
@@ -364,17 +374,7 @@ async fn tenant_keys_see_only_their_own_events(engine: Engine) {
     let s = TestServer::start(engine).await;
     s.tenant("aaa").await;
     s.tenant("bbb").await;
-    let reader = s
-        .post(
-            "/v1/admin/api-keys",
-            As::Admin,
-            json!({"tenant_id": "aaa", "name": "r", "permissions": ["events:read"]}),
-        )
-        .await;
-    let reader = reader.expect(201, None)["key_secret"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let reader = key_with(&s, "aaa", &["events:read"]).await;
     let plain = s.key("aaa").await;
     s.budget("tenant:aaa", USD, 100, json!({})).await;
     s.budget("tenant:bbb", USD, 100, json!({})).await;
@@ -469,18 +469,7 @@ async fn subscriptions_keep_the_invariants(engine: Engine) {
     let secret = system["signing_secret"].as_str().unwrap();
     assert!(secret.len() >= 32);
     // The tenant plane: its own tenant only; another tenant's is 404.
-    let key = s
-        .post(
-            "/v1/admin/api-keys",
-            As::Admin,
-            json!({"tenant_id": "acme", "name": "w",
-            "permissions": ["webhooks:read", "webhooks:write"]}),
-        )
-        .await;
-    let key = key.expect(201, None)["key_secret"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let key = key_with(&s, "acme", &["webhooks:read", "webhooks:write"]).await;
     let mine = s
         .post(
             "/v1/webhooks",
@@ -1476,18 +1465,7 @@ async fn webhook_and_event_lists_ignore_parameters_they_do_not_declare(engine: E
     allow_loopback(&s).await;
     let (_receiver, url) = Receiver::start().await;
     s.tenant("acme").await;
-    let r = s
-        .post(
-            "/v1/admin/api-keys",
-            As::Admin,
-            json!({"tenant_id": "acme", "name": "reader",
-                   "permissions": ["events:read", "webhooks:read"]}),
-        )
-        .await;
-    let key = r.expect(201, None)["key_secret"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let key = key_with(&s, "acme", &["events:read", "webhooks:read"]).await;
     let r = s
         .post(
             "/v1/admin/webhooks?tenant_id=acme&observe_mode=x",
