@@ -31,22 +31,6 @@ engine_tests!(
 
 const DAY_MS: i64 = 86_400_000;
 
-/// A key for `tenant` created with `body`'s extra fields; returns `(secret, key_id)`.
-async fn key_with(s: &TestServer, tenant: &str, extra: Value) -> (String, String) {
-    let mut body = json!({"tenant_id": tenant, "name": format!("{tenant}-key")});
-    if let Value::Object(extra) = extra {
-        for (k, v) in extra {
-            body[k] = v;
-        }
-    }
-    let r = s.post("/v1/admin/api-keys", As::Admin, body).await;
-    let k = r.expect(201, None);
-    (
-        k["key_secret"].as_str().expect("secret").to_string(),
-        k["key_id"].as_str().expect("key_id").to_string(),
-    )
-}
-
 async fn patch(s: &TestServer, path: &str, body: Value) -> Resp {
     s.send(Method::PATCH, path, As::Admin, Some(&body)).await
 }
@@ -106,7 +90,7 @@ async fn introspect_describes_each_credential(engine: Engine) {
     assert!(caps.values().all(|v| v == true), "{caps:?}");
 
     s.tenant("acme").await;
-    let (secret, key_id) = key_with(&s, "acme", json!({})).await;
+    let (secret, key_id) = s.key_with("acme", json!({})).await;
     let r = s.get("/v1/auth/introspect", As::Key(&secret)).await;
     let tenant = r.expect(200, None);
     assert_eq!(tenant["auth_type"], "tenant");
@@ -137,13 +121,13 @@ async fn introspect_describes_each_credential(engine: Engine) {
         assert_eq!(c[flag], expected, "{flag}: {c}");
     }
 
-    let (narrow, _) = key_with(
-        &s,
-        "acme",
-        json!({"permissions": ["admin:read", "admin:tenants:write"],
+    let (narrow, _) = s
+        .key_with(
+            "acme",
+            json!({"permissions": ["admin:read", "admin:tenants:write"],
                "scope_filter": ["workspace:eng"]}),
-    )
-    .await;
+        )
+        .await;
     let r = s.get("/v1/auth/introspect", As::Key(&narrow)).await;
     let n = r.expect(200, None);
     assert_eq!(n["scope_filter"], json!(["workspace:eng"]));
@@ -193,7 +177,9 @@ async fn validate_reports_why_a_key_is_unusable(engine: Engine) {
     let s = TestServer::start(engine).await;
     s.tenant("acme").await;
     let validate = |secret: &str| json!({"key_secret": secret});
-    let (good, good_id) = key_with(&s, "acme", json!({"scope_filter": ["agent:*"]})).await;
+    let (good, good_id) = s
+        .key_with("acme", json!({"scope_filter": ["agent:*"]}))
+        .await;
     let r = s
         .post("/v1/auth/validate", As::Admin, validate(&good))
         .await;
@@ -218,7 +204,7 @@ async fn validate_reports_why_a_key_is_unusable(engine: Engine) {
         (&json!(false), &json!(""), &json!("KEY_NOT_FOUND"))
     );
 
-    let (revoked, revoked_id) = key_with(&s, "acme", json!({})).await;
+    let (revoked, revoked_id) = s.key_with("acme", json!({})).await;
     let path = format!("/v1/admin/api-keys/{revoked_id}");
     s.send(Method::DELETE, &path, As::Admin, None)
         .await
@@ -229,7 +215,7 @@ async fn validate_reports_why_a_key_is_unusable(engine: Engine) {
     assert_eq!(r.expect(200, None)["reason"], "KEY_REVOKED");
 
     let soon = "2030-01-01T00:00:01Z";
-    let (short, _) = key_with(&s, "acme", json!({"expires_at": soon})).await;
+    let (short, _) = s.key_with("acme", json!({"expires_at": soon})).await;
     patch(&s, "/v1/admin/tenants/acme", json!({"status": "SUSPENDED"}))
         .await
         .expect(200, None);
@@ -499,7 +485,7 @@ async fn api_keys_are_listed_filtered_and_sorted(engine: Engine) {
         if let Some(at) = expires {
             extra["expires_at"] = json!(at);
         }
-        made.push(key_with(&s, tenant, extra).await.1);
+        made.push(s.key_with(tenant, extra).await.1);
         s.advance(1_000);
     }
     let path = format!("/v1/admin/api-keys/{}", made[1]);
@@ -650,7 +636,7 @@ async fn api_keys_are_updated_while_active(engine: Engine) {
     patch(&s, "/v1/admin/api-keys/key_unknown", json!({"name": "x"}))
         .await
         .expect(404, Some("NOT_FOUND"));
-    let (_, other) = key_with(&s, "acme", json!({})).await;
+    let (_, other) = s.key_with("acme", json!({})).await;
     let other_path = format!("/v1/admin/api-keys/{other}");
     s.send(Method::DELETE, &other_path, As::Admin, None)
         .await
@@ -681,9 +667,10 @@ async fn api_keys_are_updated_while_active(engine: Engine) {
 async fn closing_a_tenant_revokes_its_keys(engine: Engine) {
     let s = TestServer::start(engine).await;
     let acme = s.setup("acme", 1_000).await;
-    let (second, _) = key_with(&s, "acme", json!({})).await;
-    let (lapsing, lapsing_id) =
-        key_with(&s, "acme", json!({"expires_at": "2027-01-20T00:00:00Z"})).await;
+    let (second, _) = s.key_with("acme", json!({})).await;
+    let (lapsing, lapsing_id) = s
+        .key_with("acme", json!({"expires_at": "2027-01-20T00:00:00Z"}))
+        .await;
     let beta = s.setup("beta", 1_000).await;
     s.get("/v1/balances?tenant=acme", As::Key(&acme))
         .await
@@ -1648,8 +1635,12 @@ async fn scope_filters_limit_what_a_key_reaches(engine: Engine) {
     ] {
         s.budget(scope, USD, 100, json!({})).await;
     }
-    let (eng, _) = key_with(&s, "acme", json!({"scope_filter": ["workspace:eng"]})).await;
-    let (agents, _) = key_with(&s, "acme", json!({"scope_filter": ["agent:*"]})).await;
+    let (eng, _) = s
+        .key_with("acme", json!({"scope_filter": ["workspace:eng"]}))
+        .await;
+    let (agents, _) = s
+        .key_with("acme", json!({"scope_filter": ["agent:*"]}))
+        .await;
     let as_key = |key: &str, path: &str| {
         let (s, key, path) = (&s, key.to_string(), path.to_string());
         async move { s.get(&path, As::Key(&key)).await }

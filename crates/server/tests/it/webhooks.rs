@@ -141,30 +141,16 @@ pub(crate) async fn create_webhook(s: &TestServer, tenant: Option<&str>, body: V
         .clone()
 }
 
-/// A server with tenant acme and one subscription of acme's to `budget.funded`, at a receiver
-/// of the test's: the server, the receiver and what the create answered.
-async fn acme_subscribed(engine: Engine) -> (TestServer, Receiver, Value) {
+/// A server with tenant acme and one subscription of acme's, `body` with a receiver of the
+/// test's as its URL: the server, the receiver and what the create answered.
+async fn acme_subscribed(engine: Engine, mut body: Value) -> (TestServer, Receiver, Value) {
     let s = TestServer::start(engine).await;
     allow_loopback(&s).await;
     let (receiver, url) = Receiver::start().await;
     s.tenant("acme").await;
-    let created = create_webhook(
-        &s,
-        Some("acme"),
-        json!({"url": url, "event_types": ["budget.funded"]}),
-    )
-    .await;
+    body["url"] = json!(url);
+    let created = create_webhook(&s, Some("acme"), body).await;
     (s, receiver, created)
-}
-
-/// A new key of `tenant`'s with `permissions` only: its secret.
-async fn key_with(s: &TestServer, tenant: &str, permissions: &[&str]) -> String {
-    let body = json!({"tenant_id": tenant, "name": "scoped", "permissions": permissions});
-    let r = s.post("/v1/admin/api-keys", As::Admin, body).await;
-    r.expect(201, None)["key_secret"]
-        .as_str()
-        .expect("key_secret")
-        .to_string()
 }
 
 /// The id of the subscription a create answered.
@@ -374,7 +360,10 @@ async fn tenant_keys_see_only_their_own_events(engine: Engine) {
     let s = TestServer::start(engine).await;
     s.tenant("aaa").await;
     s.tenant("bbb").await;
-    let reader = key_with(&s, "aaa", &["events:read"]).await;
+    let reader = s
+        .key_with("aaa", json!({"permissions": ["events:read"]}))
+        .await
+        .0;
     let plain = s.key("aaa").await;
     s.budget("tenant:aaa", USD, 100, json!({})).await;
     s.budget("tenant:bbb", USD, 100, json!({})).await;
@@ -469,7 +458,13 @@ async fn subscriptions_keep_the_invariants(engine: Engine) {
     let secret = system["signing_secret"].as_str().unwrap();
     assert!(secret.len() >= 32);
     // The tenant plane: its own tenant only; another tenant's is 404.
-    let key = key_with(&s, "acme", &["webhooks:read", "webhooks:write"]).await;
+    let key = s
+        .key_with(
+            "acme",
+            json!({"permissions": ["webhooks:read", "webhooks:write"]}),
+        )
+        .await
+        .0;
     let mine = s
         .post(
             "/v1/webhooks",
@@ -645,14 +640,9 @@ async fn the_ssrf_guard_refuses_private_addresses(engine: Engine) {
 }
 
 async fn deliveries_are_signed_and_recorded(engine: Engine) {
-    let s = TestServer::start(engine).await;
-    allow_loopback(&s).await;
-    let (receiver, url) = Receiver::start().await;
-    s.tenant("acme").await;
-    let created = create_webhook(
-        &s,
-        Some("acme"),
-        json!({"url": url, "event_types": ["budget.funded", "budget.exhausted"],
+    let (s, receiver, created) = acme_subscribed(
+        engine,
+        json!({"event_types": ["budget.funded", "budget.exhausted"],
                "headers": {"Authorization": "Bearer t0ken"}}),
     )
     .await;
@@ -961,7 +951,8 @@ async fn replay_queues_past_events(engine: Engine) {
 }
 
 async fn test_probe_reaches_the_receiver(engine: Engine) {
-    let (s, receiver, created) = acme_subscribed(engine).await;
+    let (s, receiver, created) =
+        acme_subscribed(engine, json!({"event_types": ["budget.funded"]})).await;
     let id = subscription_id(&created);
     let secret = created["signing_secret"].as_str().unwrap().to_string();
     let r = s
@@ -1465,7 +1456,13 @@ async fn webhook_and_event_lists_ignore_parameters_they_do_not_declare(engine: E
     allow_loopback(&s).await;
     let (_receiver, url) = Receiver::start().await;
     s.tenant("acme").await;
-    let key = key_with(&s, "acme", &["events:read", "webhooks:read"]).await;
+    let key = s
+        .key_with(
+            "acme",
+            json!({"permissions": ["events:read", "webhooks:read"]}),
+        )
+        .await
+        .0;
     let r = s
         .post(
             "/v1/admin/webhooks?tenant_id=acme&observe_mode=x",
@@ -1502,7 +1499,8 @@ async fn webhook_and_event_lists_ignore_parameters_they_do_not_declare(engine: E
 /// it (409 TENANT_CLOSED, admin spec §4.2 RULE 2), and nothing reaches its receiver; it can
 /// still be read.
 async fn a_closed_tenants_webhook_is_neither_tested_nor_replayed(engine: Engine) {
-    let (s, receiver, created) = acme_subscribed(engine).await;
+    let (s, receiver, created) =
+        acme_subscribed(engine, json!({"event_types": ["budget.funded"]})).await;
     let id = subscription_id(&created);
     let close = json!({"status": "CLOSED"});
     s.send(
@@ -1531,14 +1529,9 @@ async fn a_closed_tenants_webhook_is_neither_tested_nor_replayed(engine: Engine)
 /// official dashboard sends them when an operator empties one; a `null` anywhere else is
 /// still refused, and changes nothing.
 async fn an_update_clears_the_fields_sent_as_null(engine: Engine) {
-    let s = TestServer::start(engine).await;
-    allow_loopback(&s).await;
-    let (_receiver, url) = Receiver::start().await;
-    s.tenant("acme").await;
-    let created = create_webhook(
-        &s,
-        Some("acme"),
-        json!({"url": url, "event_types": ["budget.funded"], "name": "n", "description": "d",
+    let (s, _receiver, created) = acme_subscribed(
+        engine,
+        json!({"event_types": ["budget.funded"], "name": "n", "description": "d",
                "scope_filter": "tenant:acme/*", "metadata": {"team": "ops"}}),
     )
     .await;

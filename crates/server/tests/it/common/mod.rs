@@ -393,6 +393,23 @@ impl TestServer {
             .to_string()
     }
 
+    /// A key for `tenant` created with `extra`'s fields merged into the body (permissions, a
+    /// scope filter, an expiry); returns `(secret, key_id)`.
+    pub async fn key_with(&self, tenant: &str, extra: Value) -> (String, String) {
+        let mut body = json!({"tenant_id": tenant, "name": format!("{tenant}-key")});
+        if let Value::Object(extra) = extra {
+            for (k, v) in extra {
+                body[k] = v;
+            }
+        }
+        let r = self.post("/v1/admin/api-keys", As::Admin, body).await;
+        let k = r.expect(201, None);
+        (
+            k["key_secret"].as_str().expect("secret").to_string(),
+            k["key_id"].as_str().expect("key_id").to_string(),
+        )
+    }
+
     /// Creates a budget (admin) with optional extra fields merged into the body.
     pub async fn budget(&self, scope: &str, unit: &str, allocated: i64, extra: Value) -> Value {
         let tenant = scope
