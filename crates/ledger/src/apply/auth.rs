@@ -34,6 +34,18 @@ pub struct Authenticate(pub Actor);
 
 operation!(Authenticate => Principal, authenticate_only);
 
+/// Resolves an actor and checks that it holds `permission` (the admin holds every one),
+/// doing nothing else: a route that has work of its own to do before the operation (a
+/// webhook URL's lookup) refuses a caller without the permission first, so that work is
+/// never done for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorize {
+    pub actor: Actor,
+    pub permission: Permission,
+}
+
+operation!(Authorize => (), authorize_only);
+
 /// A tenant-key caller, resolved.
 pub(crate) struct Caller {
     pub tenant_id: Arc<str>,
@@ -42,6 +54,10 @@ pub(crate) struct Caller {
 impl Tx<'_> {
     fn authenticate_only(&mut self, op: Authenticate) -> Result<Principal, Rejection> {
         self.authenticate(&op.0)
+    }
+
+    fn authorize_only(&mut self, op: Authorize) -> Result<(), Rejection> {
+        self.admin_or_tenant(&op.actor, op.permission).map(|_| ())
     }
 
     /// Resolves an actor. The admin key was verified by the server; a tenant key must exist,

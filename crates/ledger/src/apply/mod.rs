@@ -32,7 +32,7 @@ pub use api_keys::{
     ApiKeyListQuery, ApiKeyPatch, ApiKeySort, CreateApiKey, InvalidKey, KeyValidation, ListApiKeys,
     NewApiKey, RevokeApiKey, UpdateApiKey, ValidateApiKey,
 };
-pub use auth::{Actor, Authenticate, Principal};
+pub use auth::{Actor, Authenticate, Authorize, Principal};
 pub use budgets::{
     utilization_ppb, BudgetFilter, BudgetListQuery, BudgetOrder, BudgetPatch, BudgetSort,
     CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget, NewBudget, SetBudgetFrozen,

@@ -97,9 +97,7 @@ async fn create(
     };
     let request: WebhookCreateRequest = admin_body(app, &actor, bytes).await?;
     let draft = request.into_draft()?;
-    // The caller is resolved before the URL is looked up: a stranger learns nothing.
-    app.run(ledger::Authenticate(actor.clone()), Plane::Admin)
-        .await?;
+    authorized_to_write(app, &actor).await?;
     check_url(app, &draft.url).await?;
     let secret = draft.signing_secret.unwrap_or_else(new_secret);
     let webhooks = app.webhooks();
@@ -135,11 +133,21 @@ async fn create(
     Ok(json(StatusCode::CREATED, &response))
 }
 
+/// Refuses a caller that may not write webhooks before a URL is looked up: resolving it is
+/// work done for the caller, and its answer (where a name resolves, that it does not) is
+/// not for a stranger or a key without `webhooks:write` to learn.
+async fn authorized_to_write(app: &App, actor: &Actor) -> Result<(), Failure> {
+    let operation = ledger::Authorize {
+        actor: actor.clone(),
+        permission: Permission::WebhooksWrite,
+    };
+    app.run(operation, Plane::Admin).await.map(|_| ())
+}
+
 async fn update(app: &App, actor: Actor, plane: WebhookPlane, id: String, bytes: &Bytes) -> Answer {
     let request: WebhookUpdateRequest = admin_body(app, &actor, bytes).await?;
     let mut patch: WebhookPatch = request.into_patch()?;
-    app.run(ledger::Authenticate(actor.clone()), Plane::Admin)
-        .await?;
+    authorized_to_write(app, &actor).await?;
     if let Some(url) = &patch.url {
         check_url(app, url).await?;
     }

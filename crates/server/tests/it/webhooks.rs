@@ -39,6 +39,7 @@ engine_tests!(
     webhook_and_event_lists_ignore_parameters_they_do_not_declare,
     a_closed_tenants_webhook_is_neither_tested_nor_replayed,
     an_update_clears_the_fields_sent_as_null,
+    a_key_without_write_permission_learns_nothing_of_a_url,
 );
 
 const USD: &str = "USD_MICROCENTS";
@@ -1558,5 +1559,52 @@ async fn an_update_clears_the_fields_sent_as_null(engine: Engine) {
     let w = patch(json!({"name": null})).await.expect(200, None).clone();
     assert!(w.get("name").is_none(), "{w}");
     assert_eq!(s.get(&path, As::Admin).await.expect(200, None), &w);
+    s.stop().await;
+}
+
+/// A tenant key without `webhooks:write` is refused before its URL is looked up: where a
+/// name resolves (or that it does not) is not for it to learn, on create or on update.
+async fn a_key_without_write_permission_learns_nothing_of_a_url(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("acme").await;
+    let mine = create_webhook(
+        &s,
+        Some("acme"),
+        json!({"url": "https://93.184.216.34/hook", "event_types": ["budget.created"]}),
+    )
+    .await;
+    let id = subscription_id(&mine);
+    let (reader, _) = s
+        .key_with("acme", json!({"permissions": ["webhooks:read"]}))
+        .await;
+    let probes = ["https://localhost/x", "https://no-such-host.invalid/x"];
+    for probe in probes {
+        let body = json!({"url": probe, "event_types": ["budget.created"]});
+        let created = s.post("/v1/webhooks", As::Key(&reader), body).await;
+        created.expect(403, Some("INSUFFICIENT_PERMISSIONS"));
+        let path = format!("/v1/webhooks/{id}");
+        let patch = json!({"url": probe});
+        let updated = s
+            .send(Method::PATCH, &path, As::Key(&reader), Some(&patch))
+            .await;
+        updated.expect(403, Some("INSUFFICIENT_PERMISSIONS"));
+        for refused in [&created, &updated] {
+            let message = refused.body["message"].as_str().unwrap();
+            assert!(!message.contains("127.0.0.1") && !message.contains("resolve"));
+        }
+    }
+    // With the permission, the same URLs get the guard's answers.
+    let (writer, _) = s
+        .key_with(
+            "acme",
+            json!({"permissions": ["webhooks:read", "webhooks:write"]}),
+        )
+        .await;
+    for probe in probes {
+        let body = json!({"url": probe, "event_types": ["budget.created"]});
+        s.post("/v1/webhooks", As::Key(&writer), body)
+            .await
+            .expect(400, Some("WEBHOOK_URL_INVALID"));
+    }
     s.stop().await;
 }
