@@ -596,6 +596,16 @@ fn webhook_keys(data_dir: &Path, given: Option<&str>) -> anyhow::Result<Vec<[u8;
             return Ok(keys);
         }
     }
+    let holds_a_ledger = fs::read_dir(data_dir)
+        .is_ok_and(|mut entries| entries.any(|e| e.is_ok_and(|e| e.file_name() != ADMIN_KEY_FILE)));
+    if holds_a_ledger {
+        tracing::warn!(
+            path = %path.display(),
+            "no webhook key in a data directory that holds a ledger: a new one is made; the \
+             secrets of subscriptions sealed with the old one cannot be opened, so their \
+             deliveries fail until it is given back (--webhook-keys, or restore the file)"
+        );
+    }
     store::embedded::create_private_dir(data_dir)?;
     let key = server::new_webhook_key();
     write_private(&path, &format!("{}\n", hex::encode(key)))

@@ -9,3 +9,4 @@ mod logs;
 mod process;
 mod redis_faults;
 mod redis_storm;
+mod webhook_keys;

@@ -238,18 +238,21 @@ async fn test(app: &App, actor: Actor, plane: WebhookPlane, id: String) -> Answe
         trace_id: Some(trace_id.clone()),
     };
     security(app).await?;
-    let (secret, headers) = app.webhooks().credentials(&w);
-    let out = Outbound {
-        url: &w.url,
-        body: serde_json::to_vec(&EventResponse::from(event)).unwrap_or_default(),
-        event_id: &event_id,
-        event_type: ledger::EventType::SystemWebhookTest.name(),
-        trace_id: &trace_id,
-        request_id: origin.request_id.as_deref(),
-        secret,
-        headers,
+    let attempt = match app.webhooks().credentials(&w) {
+        Ok(credentials) => {
+            let out = Outbound {
+                url: &w.url,
+                body: serde_json::to_vec(&EventResponse::from(event)).unwrap_or_default(),
+                event_id: &event_id,
+                event_type: ledger::EventType::SystemWebhookTest.name(),
+                trace_id: &trace_id,
+                request_id: origin.request_id.as_deref(),
+                credentials,
+            };
+            app.webhooks().send(out, TEST_TIMEOUT).await
+        }
+        Err(why) => crate::webhooks::unsent(why),
     };
-    let attempt = app.webhooks().send(out, TEST_TIMEOUT).await;
     let response = WebhookTestResponse {
         success: attempt.success,
         response_status: attempt.response_status,

@@ -24,7 +24,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::task::Background;
 
-use super::{Outbound, Webhooks, REQUEST_TIMEOUT};
+use super::{unsent, Outbound, Webhooks, REQUEST_TIMEOUT};
 
 /// Deliveries taken per look at the store.
 const BATCH: usize = 1024;
@@ -243,14 +243,12 @@ async fn serve_lane(
 /// One attempt at a job.
 async fn attempt(webhooks: &Webhooks, job: &Job) -> Attempt {
     let Some(event) = &job.event else {
-        return Attempt {
-            success: false,
-            response_status: None,
-            response_time_ms: 0,
-            error_message: Some("the event is no longer stored (past its retention)".into()),
-        };
+        return unsent("the event is no longer stored (past its retention)".into());
     };
-    let (secret, headers) = webhooks.credentials(&job.subscription);
+    let credentials = match webhooks.credentials(&job.subscription) {
+        Ok(credentials) => credentials,
+        Err(why) => return unsent(why),
+    };
     let trace_id = event.trace_id.clone().unwrap_or_else(|| {
         job.delivery
             .trace_id
@@ -265,8 +263,7 @@ async fn attempt(webhooks: &Webhooks, job: &Job) -> Attempt {
         event_type: event.event_type.name(),
         trace_id: &trace_id,
         request_id: event.request_id.as_deref(),
-        secret,
-        headers,
+        credentials,
     };
     webhooks.send(out, REQUEST_TIMEOUT).await
 }

@@ -45,7 +45,12 @@ pub struct Outbound<'a> {
     pub event_type: &'a str,
     pub trace_id: &'a str,
     pub request_id: Option<&'a str>,
-    pub secret: Option<String>,
+    pub credentials: Credentials,
+}
+
+/// A subscription's signing secret and custom headers, opened.
+pub struct Credentials {
+    pub secret: String,
     pub headers: Vec<(String, String)>,
 }
 
@@ -112,15 +117,29 @@ impl Webhooks {
         replays.remove(subscription_id);
     }
 
-    /// The subscription's secret and custom headers, opened.
-    pub fn credentials(&self, w: &WebhookSubscription) -> (Option<String>, Vec<(String, String)>) {
-        let secret = self.open(&w.sealed_secret);
+    /// The subscription's secret and custom headers, opened; the operator's message when one
+    /// cannot be (sealed with a key this server was not given). Nothing is sent then: a
+    /// delivery without its signature or its headers would reach a receiver that may not
+    /// insist on either, and look like any other.
+    pub fn credentials(&self, w: &WebhookSubscription) -> Result<Credentials, String> {
+        let unopened = |what: &str| {
+            format!(
+                "{what} cannot be opened with this server's webhook keys (it was sealed with \
+                 a key not in --webhook-keys or webhook.key); nothing was sent"
+            )
+        };
+        let secret = self
+            .open(&w.sealed_secret)
+            .ok_or_else(|| unopened("the subscription's signing secret"))?;
         let headers = w
             .headers
             .iter()
-            .filter_map(|(k, v)| Some((k.clone(), self.open(v)?)))
-            .collect();
-        (secret, headers)
+            .map(|(name, sealed)| match self.open(sealed) {
+                Some(value) => Ok((name.clone(), value)),
+                None => Err(unopened(&format!("the custom header {name}"))),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Credentials { secret, headers })
     }
 
     /// Signs and sends one delivery; any 2xx is a success. The response body is never read.
@@ -128,10 +147,8 @@ impl Webhooks {
         let started = Instant::now();
         let config = self.policy.get();
         let failed = |message: String, started: Instant| Attempt {
-            success: false,
-            response_status: None,
             response_time_ms: started.elapsed().as_millis() as u64,
-            error_message: Some(message),
+            ..unsent(message)
         };
         // Re-checked on every delivery: the configuration may have changed since.
         if let Err(why) = guard::check_url(out.url, &config).await {
@@ -150,10 +167,9 @@ impl Webhooks {
         if let Some(id) = out.request_id {
             request = request.header("x-request-id", id);
         }
-        if let Some(secret) = &out.secret {
-            request = request.header("x-cycles-signature", signature(secret, &out.body));
-        }
-        for (name, value) in &out.headers {
+        let Credentials { secret, headers } = &out.credentials;
+        request = request.header("x-cycles-signature", signature(secret, &out.body));
+        for (name, value) in headers {
             request = request.header(name.as_str(), value.as_str());
         }
         match request.body(out.body).send().await {
@@ -169,6 +185,16 @@ impl Webhooks {
             }
             Err(e) => failed(describe(&e), started),
         }
+    }
+}
+
+/// A failed attempt that sent nothing, and why.
+pub fn unsent(message: String) -> Attempt {
+    Attempt {
+        success: false,
+        response_status: None,
+        response_time_ms: 0,
+        error_message: Some(message),
     }
 }
 
