@@ -413,7 +413,7 @@ impl Tx<'_> {
             (key, i.fingerprint)
         });
         self.once(key, |tx| {
-            tx.writable_tenant(&tenant_id)?;
+            tx.writable_by(&actor, &tenant_id)?;
             let funded = fund(&budget, cmd.operation, cmd.amount, cmd.spent)?;
             let result = FundResult {
                 operation: cmd.operation,

@@ -186,7 +186,7 @@ impl Tx<'_> {
             return Err(not_found());
         }
         self.within_scope_filter(&op.actor, &p.scope_pattern)?;
-        self.writable_tenant(&p.tenant_id)?;
+        self.writable_by(&op.actor, &p.tenant_id)?;
         let before = p.clone();
         let PolicyPatch {
             name,

@@ -495,6 +495,17 @@ impl Tx<'_> {
         }
     }
 
+    /// Refuses `actor`'s change to a tenant's budgets, policies or webhooks: a CLOSED
+    /// tenant's by anyone, a SUSPENDED tenant's by its own keys (read-only to them). The
+    /// operator may still fund, update and settle a suspended tenant, as the reference
+    /// allows; creating anything for it needs it ACTIVE ([`Tx::writable_tenant`]).
+    pub(crate) fn writable_by(&self, actor: &Actor, tenant_id: &str) -> Result<(), Rejection> {
+        match actor {
+            Actor::Admin => self.open_tenant(tenant_id),
+            Actor::ApiKey(_) => self.writable_tenant(tenant_id),
+        }
+    }
+
     /// Refuses writes on behalf of a tenant that is not ACTIVE.
     pub(crate) fn writable_tenant(&self, tenant_id: &str) -> Result<(), Rejection> {
         match self.existing_tenant(tenant_id)?.status {

@@ -272,7 +272,7 @@ impl Tx<'_> {
     fn create_webhook(&mut self, op: CreateWebhook) -> Result<Arc<WebhookSubscription>, Rejection> {
         let owner = self.webhook_owner(&op)?;
         if owner != SYSTEM_TENANT {
-            self.open_tenant(&owner)?;
+            self.writable_by(&op.actor, &owner)?;
         }
         let new = op.webhook;
         check_selectors(&owner, &new.event_types, &new.event_categories)?;
@@ -349,7 +349,7 @@ impl Tx<'_> {
         let w = self.visible_webhook(&op.actor, op.plane, id, op.permission)?;
         // Asked with write to send a test probe: a mutation of a closed tenant's webhook.
         if op.permission == Permission::WebhooksWrite && !w.is_system() {
-            self.open_tenant(&w.tenant_id)?;
+            self.writable_by(&op.actor, &w.tenant_id)?;
         }
         Ok(w)
     }
@@ -358,7 +358,7 @@ impl Tx<'_> {
         let id = &op.subscription_id;
         let before = self.visible_webhook(&op.actor, op.plane, id, Permission::WebhooksWrite)?;
         if !before.is_system() {
-            self.open_tenant(&before.tenant_id)?;
+            self.writable_by(&op.actor, &before.tenant_id)?;
         }
         let p = op.patch;
         let mut w = (*before).clone();
@@ -434,7 +434,7 @@ impl Tx<'_> {
         let id = &op.subscription_id;
         let w = self.visible_webhook(&op.actor, op.plane, id, Permission::WebhooksWrite)?;
         if !w.is_system() {
-            self.open_tenant(&w.tenant_id)?;
+            self.writable_by(&op.actor, &w.tenant_id)?;
         }
         self.put(Effect::RemoveWebhook(id.clone()));
         self.cancel_deliveries(id);
@@ -681,7 +681,7 @@ impl Tx<'_> {
             Permission::WebhooksWrite,
         )?;
         if !w.is_system() {
-            self.open_tenant(&w.tenant_id)?;
+            self.writable_by(&op.actor, &w.tenant_id)?;
         }
         if w.status != WebhookStatus::Active {
             return Ok(0);
@@ -710,7 +710,7 @@ impl Tx<'_> {
     ) -> Result<bool, Rejection> {
         use super::bulk::WebhookAction as A;
         if !w.is_system() {
-            self.open_tenant(&w.tenant_id)?;
+            self.writable_by(actor, &w.tenant_id)?;
         }
         let (target, event_type) = match (action, w.status) {
             (A::Delete, _) => {

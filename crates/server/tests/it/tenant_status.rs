@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 engine_tests!(
     closed_tenant_matrix,
     suspended_tenant_settles_but_does_not_reserve,
+    a_suspended_tenant_is_read_only_to_its_keys_not_to_the_operator,
     closing_twice_and_reopening,
     rate_limit_answers_429_with_retry_after,
 );
@@ -189,6 +190,94 @@ async fn suspended_tenant_settles_but_does_not_reserve(engine: Engine) {
     )
     .await
     .expect(200, None);
+    s.stop().await;
+}
+
+/// A SUSPENDED tenant's own keys may read but not change its budgets, policies or webhooks;
+/// the operator may still fund it and update its policies (creating anything needs it
+/// ACTIVE, for everyone).
+async fn a_suspended_tenant_is_read_only_to_its_keys_not_to_the_operator(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.setup("acme", 1_000).await;
+    let (key, _) = s
+        .key_with(
+            "acme",
+            json!({"permissions": ["budgets:read", "budgets:write", "policies:read",
+                   "policies:write", "webhooks:read", "webhooks:write", "balances:read"]}),
+        )
+        .await;
+    let policy = s
+        .post(
+            "/v1/admin/policies",
+            As::Key(&key),
+            json!({"name": "cap", "scope_pattern": "tenant:acme"}),
+        )
+        .await;
+    let policy_path = format!(
+        "/v1/admin/policies/{}",
+        policy.expect(201, None)["policy_id"].as_str().unwrap()
+    );
+    let webhook = s
+        .post(
+            "/v1/webhooks",
+            As::Key(&key),
+            json!({"url": "https://93.184.216.34/hook", "event_types": ["budget.funded"]}),
+        )
+        .await;
+    let webhook_path = format!(
+        "/v1/webhooks/{}",
+        webhook.expect(201, None)["subscription"]["subscription_id"]
+            .as_str()
+            .unwrap()
+    );
+    set_status(&s, "acme", "SUSPENDED").await;
+    let fund_path = "/v1/admin/budgets/fund?scope=tenant:acme&unit=USD_MICROCENTS";
+    let credit = |key: &str| {
+        json!({"operation": "CREDIT", "amount": {"unit": "USD_MICROCENTS", "amount": 5},
+               "idempotency_key": key})
+    };
+    let rename = json!({"name": "renamed"});
+    let refused = [
+        s.post(fund_path, As::Key(&key), credit("k")).await,
+        s.send(Method::PATCH, &policy_path, As::Key(&key), Some(&rename))
+            .await,
+        s.send(Method::PATCH, &webhook_path, As::Key(&key), Some(&rename))
+            .await,
+        s.send(Method::DELETE, &webhook_path, As::Key(&key), None)
+            .await,
+        s.post(&format!("{webhook_path}/test"), As::Key(&key), json!({}))
+            .await,
+        s.post(
+            "/v1/webhooks",
+            As::Key(&key),
+            json!({"url": "https://93.184.216.34/two", "event_types": ["budget.funded"]}),
+        )
+        .await,
+    ];
+    for r in &refused {
+        r.expect(400, Some("INVALID_REQUEST"));
+        assert!(r.body["message"].as_str().unwrap().contains("SUSPENDED"));
+    }
+    // Reads still work for the key; nothing it tried changed anything.
+    let ledger = s.ledger("tenant:acme", "USD_MICROCENTS").await;
+    assert_eq!(amount(&ledger, "allocated"), 1_000);
+    s.get(&webhook_path, As::Key(&key)).await.expect(200, None);
+    // The operator funds it and updates its policy.
+    let admin_fund = format!("{fund_path}&tenant_id=acme");
+    let funded = s.post(&admin_fund, As::Admin, credit("a")).await;
+    assert_eq!(amount(funded.expect(200, None), "new_allocated"), 1_005);
+    let renamed = s
+        .send(Method::PATCH, &policy_path, As::Admin, Some(&rename))
+        .await;
+    assert_eq!(renamed.expect(200, None)["name"], "renamed");
+    // Creating still needs the tenant ACTIVE, for the operator too.
+    s.post(
+        "/v1/admin/policies",
+        As::Admin,
+        json!({"tenant_id": "acme", "name": "two", "scope_pattern": "tenant:acme"}),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
     s.stop().await;
 }
 
