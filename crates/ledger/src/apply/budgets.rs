@@ -531,12 +531,7 @@ pub(crate) fn canonical_budget_scope(scope: &str, tenant_id: &str) -> Result<Str
             return Err(invalid("levels must follow tenant/workspace/app/workflow/agent/toolset order without repeats"));
         }
         last_level = Some(pos);
-        if value.is_empty()
-            || value.len() > 128
-            || !value
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
-        {
+        if !valid_scope_value(value) {
             return Err(invalid("values must be 1-128 characters of [A-Za-z0-9_.-]"));
         }
     }
@@ -546,6 +541,14 @@ pub(crate) fn canonical_budget_scope(scope: &str, tenant_id: &str) -> Result<Str
         )));
     }
     Ok(lower)
+}
+
+/// Whether `value` may be a scope segment's value: 1-128 characters of `[A-Za-z0-9_.-]`.
+pub(crate) fn valid_scope_value(value: &str) -> bool {
+    (1..=128).contains(&value.len())
+        && value
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
 }
 
 /// `debt / overdraft_limit` (0 without a limit).

@@ -5,9 +5,11 @@ use std::ops::Bound;
 use crate::{
     pattern_matches, Caps, Effect, EventType, Millis, OveragePolicy, Permission, Policy,
     PolicyStatus, RateCount, RateKey, RateKind, RateLimits, Rejection, TtlOverride, MINUTE_MS,
+    SCOPE_LEVELS,
 };
 
 use super::auth::scope_filter_allows;
+use super::budgets::valid_scope_value;
 use super::emit::{changed, NewEvent, ADMIN_SOURCE};
 use super::{operation, Actor, Page, Tx};
 
@@ -300,15 +302,48 @@ impl Tx<'_> {
     }
 }
 
-/// A tenant's policy patterns must be rooted at that tenant (`tenant:<id>` or below).
+/// Checks a policy's scope pattern: rooted at its tenant (`tenant:<id>`), then levels in the
+/// scopes' order, each `level:value` or `level:*`, and a bare `*` (every descendant) only as
+/// the last segment. Anything else would be stored and then never match a scope.
 fn check_pattern(pattern: &str, tenant_id: &str) -> Result<(), Rejection> {
+    let invalid =
+        |why: String| Rejection::InvalidRequest(format!("scope_pattern '{pattern}' {why}"));
     let lower = pattern.to_lowercase();
+    let mut segments = lower.split('/').peekable();
     let root = format!("tenant:{tenant_id}");
-    if lower == root || lower.starts_with(&format!("{root}/")) {
-        Ok(())
-    } else {
-        Err(Rejection::InvalidRequest(format!(
-            "scope_pattern '{pattern}' must be rooted at {root}"
-        )))
+    if segments.next() != Some(root.as_str()) {
+        return Err(invalid(format!("must be rooted at {root}")));
     }
+    let mut last_level = 0;
+    while let Some(segment) = segments.next() {
+        if segment == "*" {
+            if segments.peek().is_some() {
+                return Err(invalid("may have a bare * only as its last segment".into()));
+            }
+            break;
+        }
+        let Some((level, value)) = segment.split_once(':') else {
+            return Err(invalid(format!(
+                "has '{segment}': each segment is level:value, level:* or a last *"
+            )));
+        };
+        let position = SCOPE_LEVELS.iter().position(|l| *l == level);
+        match position {
+            Some(p) if p > last_level => last_level = p,
+            Some(_) => {
+                return Err(invalid(
+                    "must follow the tenant/workspace/app/workflow/agent/toolset order \
+                     without repeats"
+                        .into(),
+                ))
+            }
+            None => return Err(invalid(format!("names an unknown level '{level}'"))),
+        }
+        if value != "*" && !valid_scope_value(value) {
+            return Err(invalid(
+                "has a value that is neither * nor 1-128 characters of [A-Za-z0-9_.-]".into(),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@ engine_tests!(
     policy_sets_overage_and_ttl_limits,
     policy_crud_and_validation,
     rate_limits_count_each_clock_minute,
+    a_pattern_that_could_never_match_is_refused,
 );
 
 async fn policy(s: &TestServer, who: As<'_>, body: Value) -> Value {
@@ -390,4 +391,78 @@ async fn rate_limits_count_each_clock_minute(engine: Engine) {
     s.post("/v1/reservations", As::Key(&key), reserve(3, "c"))
         .await
         .expect(200, None);
+}
+
+/// A scope pattern is a scope's grammar with wildcards: levels in order, `level:*` for any
+/// value, a bare `*` only last. One that could never match a scope is refused (it was
+/// stored, and silently governed nothing), and a refusal creates nothing.
+async fn a_pattern_that_could_never_match_is_refused(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000_000).await;
+    for pattern in [
+        "tenant:acme/*/agent:x",
+        "tenant:acme/foo:bar",
+        "tenant:acme/garbage!!",
+        "tenant:acme//",
+        "tenant:acme/",
+        "tenant:acme/agent:*/workspace:x",
+        "tenant:acme/workspace:a/workspace:b",
+        "tenant:acme/agent:",
+        "tenant:acme/tenant:acme",
+        "tenant:acme-corp/*",
+        "workspace:eng",
+    ] {
+        let r = s
+            .post(
+                "/v1/admin/policies",
+                As::Key(&key),
+                json!({"name": "p", "scope_pattern": pattern}),
+            )
+            .await;
+        r.expect(400, Some("INVALID_REQUEST"));
+        assert!(
+            r.body["message"].as_str().unwrap().contains(pattern),
+            "{pattern}"
+        );
+    }
+    let listed = s.get("/v1/admin/policies", As::Key(&key)).await;
+    assert_eq!(listed.expect(200, None)["policies"], json!([]));
+    for pattern in [
+        "tenant:acme",
+        "tenant:acme/*",
+        "tenant:acme/agent:*",
+        "tenant:acme/workspace:*/agent:bot",
+        "tenant:ACME/Workspace:Eng/*",
+    ] {
+        policy(
+            &s,
+            As::Key(&key),
+            json!({"name": pattern, "scope_pattern": pattern}),
+        )
+        .await;
+    }
+    // A middle `level:*` governs what it says.
+    let caps = json!({"max_tokens": 7});
+    policy(
+        &s,
+        As::Key(&key),
+        json!({"name": "capped", "priority": 5, "scope_pattern": "tenant:acme/workspace:*/agent:bot",
+               "caps": caps}),
+    )
+    .await;
+    let r = s
+        .post(
+            "/v1/reservations",
+            As::Key(&key),
+            reserve_body(
+                "w",
+                json!({"tenant": "acme", "workspace": "eng", "agent": "bot"}),
+                1,
+            ),
+        )
+        .await;
+    let r = r.expect(200, None);
+    assert_eq!(r["decision"], "ALLOW_WITH_CAPS");
+    assert_eq!(r["caps"]["max_tokens"], 7);
+    s.stop().await;
 }
