@@ -456,6 +456,10 @@ impl Tx<'_> {
         if let Some(metadata) = patch.metadata {
             b.metadata = Some(metadata.into());
         }
+        if b == before {
+            // Nothing changes: nothing is stamped, stored or announced (admin spec §4.3).
+            return Ok(b);
+        }
         // `put_budgets` stamps the copy it keeps; the answer is this one.
         b.updated_at_ms = self.now;
         self.put_budgets(Cause::Admin(&op.actor), vec![b.clone()])?;

@@ -212,6 +212,18 @@ impl Tx<'_> {
         p.effective_from_ms = effective_from_ms.or(p.effective_from_ms);
         p.effective_until_ms = effective_until_ms.or(p.effective_until_ms);
         p.status = status.unwrap_or(p.status);
+        if let (Some(from), Some(until)) = (p.effective_from_ms, p.effective_until_ms) {
+            // As create refuses it: a policy whose window is empty never takes effect.
+            if from >= until {
+                return Err(Rejection::InvalidRequest(
+                    "effective_from must be before effective_until".into(),
+                ));
+            }
+        }
+        if p == before {
+            // Nothing changes: nothing is stamped, stored or announced (admin spec §4.3).
+            return Ok(p);
+        }
         p.updated_at_ms = self.now;
         self.put(Effect::PutPolicy(p.clone()));
         let b = &before;

@@ -11,6 +11,7 @@ engine_tests!(
     policy_crud_and_validation,
     rate_limits_count_each_clock_minute,
     a_pattern_that_could_never_match_is_refused,
+    an_update_that_changes_nothing_is_not_announced,
 );
 
 async fn policy(s: &TestServer, who: As<'_>, body: Value) -> Value {
@@ -464,5 +465,66 @@ async fn a_pattern_that_could_never_match_is_refused(engine: Engine) {
     let r = r.expect(200, None);
     assert_eq!(r["decision"], "ALLOW_WITH_CAPS");
     assert_eq!(r["caps"]["max_tokens"], 7);
+    s.stop().await;
+}
+
+/// How many events of `event_type` the admin event log holds.
+async fn count_events(s: &TestServer, event_type: &str) -> usize {
+    let r = s
+        .get(
+            &format!("/v1/admin/events?event_type={event_type}"),
+            As::Admin,
+        )
+        .await;
+    r.expect(200, None)["events"].as_array().unwrap().len()
+}
+
+/// A PATCH that changes nothing (a policy's or a budget's) stamps, stores and announces
+/// nothing (admin spec §4.3); and a policy PATCH may not leave its window empty, which
+/// create refuses.
+async fn an_update_that_changes_nothing_is_not_announced(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.setup("acme", 1_000).await;
+    let created = policy(
+        &s,
+        As::Admin,
+        json!({"tenant_id": "acme", "name": "p", "scope_pattern": "tenant:acme/*",
+               "effective_until": "2030-01-01T00:00:00Z"}),
+    )
+    .await;
+    let path = format!(
+        "/v1/admin/policies/{}",
+        created["policy_id"].as_str().unwrap()
+    );
+    for same in [json!({}), json!({"name": "p"})] {
+        let r = s.send(Method::PATCH, &path, As::Admin, Some(&same)).await;
+        assert_eq!(r.expect(200, None)["updated_at"], created["updated_at"]);
+    }
+    assert_eq!(count_events(&s, "policy.updated").await, 0);
+    let empty_window = json!({"effective_from": "2031-01-01T00:00:00Z"});
+    s.send(Method::PATCH, &path, As::Admin, Some(&empty_window))
+        .await
+        .expect(400, Some("INVALID_REQUEST"));
+    let r = s.get("/v1/admin/policies?tenant_id=acme", As::Admin).await;
+    assert!(r.expect(200, None)["policies"][0]["effective_from"].is_null());
+    let renamed = json!({"name": "q"});
+    s.send(Method::PATCH, &path, As::Admin, Some(&renamed))
+        .await
+        .expect(200, None);
+    assert_eq!(count_events(&s, "policy.updated").await, 1);
+
+    let budget = "/v1/admin/budgets?scope=tenant:acme&unit=USD_MICROCENTS";
+    let before = s.ledger("tenant:acme", "USD_MICROCENTS").await;
+    let same = json!({"overdraft_limit": {"unit": "USD_MICROCENTS", "amount": 0}});
+    for body in [json!({}), same] {
+        let r = s.send(Method::PATCH, budget, As::Admin, Some(&body)).await;
+        assert_eq!(r.expect(200, None)["updated_at"], before["updated_at"]);
+    }
+    assert_eq!(count_events(&s, "budget.updated").await, 0);
+    let raised = json!({"overdraft_limit": {"unit": "USD_MICROCENTS", "amount": 10}});
+    s.send(Method::PATCH, budget, As::Admin, Some(&raised))
+        .await
+        .expect(200, None);
+    assert_eq!(count_events(&s, "budget.updated").await, 1);
     s.stop().await;
 }
