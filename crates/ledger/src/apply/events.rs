@@ -53,8 +53,15 @@ impl Tx<'_> {
             {
                 return Err(refusal.into_rejection(cmd.unit, cmd.actual));
             }
+            // Most specific wins, as on a reserve: the request, the policy governing its
+            // scope, the budget ledger, the tenant's default.
+            let scope_path = scopes.last().map_or("", String::as_str);
+            let governing = tx
+                .governing_policy(&caller.tenant_id, scope_path)
+                .and_then(|p| p.commit_overage_policy);
             let policy = cmd
                 .overage_policy
+                .or(governing)
                 .or_else(|| budgets.last().and_then(|b| b.commit_overage_policy))
                 .unwrap_or(default_policy);
             let charge = charge_amount(&budgets, cmd.actual, policy)?;

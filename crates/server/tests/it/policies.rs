@@ -195,6 +195,34 @@ async fn policy_sets_overage_and_ttl_limits(engine: Engine) {
         amount(&s.ledger("tenant:acme", "USD_MICROCENTS").await, "reserved"),
         101
     );
+    // And an event's, as a commit's (the tenant's default would charge what is left).
+    let event = |key: &str, overage: Option<&str>| {
+        let mut body = json!({"idempotency_key": key, "subject": agent(),
+                              "action": {"kind": "llm.completion", "name": "m"},
+                              "actual": {"unit": "USD_MICROCENTS", "amount": 1_000}});
+        if let Some(overage) = overage {
+            body["overage_policy"] = json!(overage);
+        }
+        body
+    };
+    s.post("/v1/events", As::Key(&key), event("ev", None))
+        .await
+        .expect(409, Some("BUDGET_EXCEEDED"));
+    let ledger = s.ledger("tenant:acme", "USD_MICROCENTS").await;
+    assert_eq!(
+        amount(&ledger, "spent"),
+        0,
+        "the refused event charged nothing"
+    );
+    // The request's own overage policy still comes first.
+    let capped = s
+        .post(
+            "/v1/events",
+            As::Key(&key),
+            event("ev2", Some("ALLOW_IF_AVAILABLE")),
+        )
+        .await;
+    assert_eq!(capped.expect(201, None)["charged"]["amount"], 899);
     s.stop().await;
 }
 
