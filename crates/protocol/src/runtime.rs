@@ -16,7 +16,7 @@ use crate::schema::{AppliedStatus, CommittedStatus, DecisionEnum, ExtendedStatus
 use crate::validate::{idempotency_key, len_between, max_len, non_negative, range};
 use crate::{
     decode_budget_cursor, fingerprint, Action, Amount, ApiError, Balance, StandardMetrics, Subject,
-    Validate, WirePolicy, WireUnit,
+    Validate, WirePolicy, WireUnit, MAX_ADMIN_PAGE_SIZE,
 };
 
 pub const DEFAULT_GRACE_MS: i64 = 5_000;
@@ -93,7 +93,7 @@ pub struct BalanceParams {
     pub unit: Option<WireUnit>,
     /// From the previous page's `next_cursor`.
     pub cursor: Option<String>,
-    /// Page size, 1–200; defaults to 50.
+    /// Page size, 1–200 (the ledger form: 1–100, as the admin spec); defaults to 50.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 200)]
     pub limit: Option<PageSize>,
 }
@@ -135,13 +135,19 @@ impl BalanceParams {
             (true, false) => BalanceForm::Runtime,
             (false, true) => BalanceForm::Ledgers,
         };
+        let limit = self.limit.unwrap_or_default().0;
+        if form == BalanceForm::Ledgers && limit > MAX_ADMIN_PAGE_SIZE {
+            return Err(ApiError::invalid(format!(
+                "limit: must be an integer between 1 and {MAX_ADMIN_PAGE_SIZE} with tenant_id, scope_prefix or unit"
+            )));
+        }
         let query = GetBalances {
             actor,
             tenant: self.tenant.or(self.tenant_id),
             filters,
             scope_prefix: self.scope_prefix.map(|p| p.to_lowercase()),
             unit: self.unit.map(Unit::from),
-            limit: self.limit.unwrap_or_default().0,
+            limit,
             after: self
                 .cursor
                 .as_deref()

@@ -1759,6 +1759,18 @@ async fn a_scope_prefix_covers_its_scope_and_what_lies_under_it(engine: Engine) 
         )
         .await;
     assert_eq!(scopes_of(r.expect(200, None)), w1);
+    // The ledger form's pages are the admin spec's, at most 100 rows; the runtime form's 200.
+    let prefix = "/v1/balances?scope_prefix=tenant:acme/workspace:w1";
+    for (limit, status) in [(100, 200), (101, 400)] {
+        let r = s
+            .get(&format!("{prefix}&limit={limit}"), As::Key(&key))
+            .await;
+        r.expect(status, None);
+    }
+    let runtime = s
+        .get("/v1/balances?tenant=acme&limit=200", As::Key(&key))
+        .await;
+    runtime.expect(200, None);
     let r = s
         .get(
             "/v1/admin/budgets?tenant_id=acme&scope_prefix=tenant:acme/",
