@@ -268,6 +268,7 @@ impl BudgetFundingRequest {
                 .ok_or_else(|| ApiError::invalid("operation: unknown value"))?,
             amount: self.amount.amount,
             spent: self.spent.map(|s| s.amount),
+            reason: self.reason,
             idem,
             scope,
             unit,

@@ -292,6 +292,7 @@ impl BulkRequest for BudgetBulkActionRequest {
             unit: self.amount.unit.into(),
             amount: self.amount.amount,
             spent: self.spent.map(|s| s.amount),
+            reason: self.reason,
             expected_count: self.expected_count,
             idem,
         })

@@ -167,6 +167,8 @@ pub struct Funding {
     pub operation: FundingOp,
     pub amount: i64,
     pub spent: Option<i64>,
+    /// The operator's justification, carried by the funding's event.
+    pub reason: Option<String>,
     pub idem: Option<Idempotency>,
 }
 
@@ -279,6 +281,7 @@ impl Tx<'_> {
         (before, after): (&Budget, &Budget),
         operation: FundingOp,
         spent_provided: bool,
+        reason: Option<&str>,
         correlation_id: Option<String>,
     ) {
         let event_type = match operation {
@@ -288,7 +291,7 @@ impl Tx<'_> {
             FundingOp::ResetSpent => EventType::BudgetResetSpent,
             FundingOp::RepayDebt => EventType::BudgetDebtRepaid,
         };
-        let mut data = budget_lifecycle(Some(before), after, &upper(operation), None);
+        let mut data = budget_lifecycle(Some(before), after, &upper(operation), reason);
         if operation == FundingOp::ResetSpent {
             data["spent_override_provided"] = spent_provided.into();
         }
@@ -429,6 +432,7 @@ impl Tx<'_> {
                 (&budget, &funded),
                 cmd.operation,
                 spent_provided,
+                cmd.reason.as_deref(),
                 None,
             );
             Ok((result, DAY_MS))

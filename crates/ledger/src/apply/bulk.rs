@@ -47,6 +47,8 @@ pub struct BulkBudgets {
     pub unit: Unit,
     pub amount: i64,
     pub spent: Option<i64>,
+    /// The operator's justification, carried by each funding's event.
+    pub reason: Option<String>,
     pub expected_count: Option<u64>,
     pub idem: Idempotency,
 }
@@ -246,6 +248,7 @@ impl Tx<'_> {
                         (b, &funded),
                         op.operation,
                         spent_provided,
+                        op.reason.as_deref(),
                         Some(correlation),
                     );
                     Ok(true)

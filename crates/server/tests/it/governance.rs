@@ -1799,9 +1799,28 @@ async fn a_scope_prefix_covers_its_scope_and_what_lies_under_it(engine: Engine) 
         r.expect(200, None)["succeeded"].as_array().map(Vec::len),
         Some(2)
     );
+    let mut with_reason = credit(2, "c4");
+    with_reason["reason"] = json!("Q3 top-up");
+    s.post("/v1/admin/budgets/bulk-action", As::Admin, with_reason)
+        .await
+        .expect(200, None);
+    let funded = s
+        .get(
+            "/v1/admin/events?event_type=budget.funded&tenant_id=acme",
+            As::Admin,
+        )
+        .await;
+    let reasons: Vec<Value> = funded.expect(200, None)["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"]["reason"].clone())
+        .collect();
+    let q3 = reasons.iter().filter(|r| **r == json!("Q3 top-up")).count();
+    assert_eq!((reasons.len(), q3), (4, 2), "{reasons:?}");
     for (scope, allocated) in [
-        ("tenant:acme/workspace:w1", 105),
-        ("tenant:acme/workspace:w1/app:a", 105),
+        ("tenant:acme/workspace:w1", 110),
+        ("tenant:acme/workspace:w1/app:a", 110),
         ("tenant:acme/workspace:w10", 100),
     ] {
         assert_eq!(

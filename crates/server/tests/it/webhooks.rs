@@ -204,7 +204,15 @@ async fn governance_operations_emit_events(engine: Engine) {
     let s = TestServer::start(engine).await;
     s.tenant("acme").await;
     s.budget("tenant:acme", USD, 1_000, json!({})).await;
-    fund(&s, "tenant:acme", 500, "f1").await;
+    let r = s
+        .post(
+            &format!("/v1/admin/budgets/fund?scope=tenant:acme&unit={USD}&tenant_id=acme"),
+            As::Admin,
+            json!({"operation": "CREDIT", "amount": {"unit": USD, "amount": 500},
+                   "reason": "top-up INV-42"}),
+        )
+        .await;
+    r.expect(200, None);
     let r = s
         .post(
             &format!("/v1/admin/budgets/freeze?scope=tenant:acme&unit={USD}"),
@@ -255,6 +263,7 @@ async fn governance_operations_emit_events(engine: Engine) {
     assert_eq!(funded["data"]["operation"], "CREDIT");
     assert_eq!(funded["data"]["previous_state"]["allocated"], 1_000);
     assert_eq!(funded["data"]["new_state"]["allocated"], 1_500);
+    assert_eq!(funded["data"]["reason"], "top-up INV-42");
     assert!(funded["event_id"].as_str().unwrap().starts_with("evt_"));
     assert_eq!(funded["trace_id"].as_str().unwrap().len(), 32);
     assert_eq!(all[3]["data"]["reason"], "[EMERGENCY_FREEZE] drill");

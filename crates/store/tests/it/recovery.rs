@@ -292,6 +292,7 @@ pub(crate) fn fund_to(party: Party, n: usize, amount: i64) -> Command {
             operation: FundingOp::Credit,
             amount,
             spent: None,
+            reason: None,
             idem: Some(idem(format!("fund-{n}"))),
         },
     })

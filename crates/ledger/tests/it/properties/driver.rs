@@ -513,6 +513,7 @@ impl Driver {
                 unit: UNIT,
                 amount: self.resolve(amount, &[BUDGET_SCOPES[*scope].into()], UNIT),
                 spent: *spent,
+                reason: None,
                 expected_count: None,
                 idem: Idempotency {
                     key: self.fresh("bulk").into(),
@@ -535,6 +536,7 @@ impl Driver {
                     operation: *operation,
                     amount: self.resolve(amount, &[BUDGET_SCOPES[*scope].into()], UNIT),
                     spent: *spent,
+                    reason: None,
                     idem: key
                         .as_ref()
                         .map(|k| idem(self.key(("fund", String::new()), k))),

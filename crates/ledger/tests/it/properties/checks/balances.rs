@@ -178,6 +178,7 @@ impl Accounts {
                 operation: bulk.operation,
                 amount: bulk.amount,
                 spent: bulk.spent,
+                reason: bulk.reason.clone(),
                 idem: None,
             };
             if fund.operation == FundingOp::Debit {
