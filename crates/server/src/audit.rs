@@ -2,8 +2,9 @@
 //! change it made.
 //!
 //! Audited are the admin plane's writes (every non-GET under `/v1/admin`, and
-//! `/v1/auth/validate`) and the runtime writes made with the admin key (an operator's release
-//! on a tenant's behalf), whether they succeed or not. Reads are not audited: the dashboard
+//! `/v1/auth/validate`), a tenant's own webhook writes (`/v1/webhooks`: governance, not
+//! spend) and the runtime writes made with the admin key (an operator's release on a
+//! tenant's behalf), whether they succeed or not. Reads are not audited: the dashboard
 //! polls, and an audit log full of page views hides the changes.
 //!
 //! The route layer opens an [`AuditScope`] for such a request (the request's facts: its
@@ -158,6 +159,7 @@ pub fn applies(method: &Method, path: &str, headers: &HeaderMap) -> bool {
     }
     path.starts_with("/v1/admin/")
         || path == "/v1/auth/validate"
+        || path.starts_with("/v1/webhooks")
         || (path.starts_with("/v1/") && headers.contains_key(auth::ADMIN_KEY_HEADER))
 }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use crate::common::{reserve_body, As, Engine, Resp, TestServer};
+use crate::webhooks::{allow_loopback, Receiver};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -12,6 +13,7 @@ engine_tests!(
     every_admin_write_leaves_one_entry,
     refusals_are_audited_with_their_code,
     tenant_key_writes_name_the_key,
+    a_tenants_own_webhook_writes_are_audited,
     admin_release_is_audited_and_reads_are_not,
     audit_log_filters,
     audit_log_orders_and_pages,
@@ -435,6 +437,64 @@ async fn tenant_key_writes_name_the_key(engine: Engine) {
 
 /// An operator's release of a tenant's reservation is audited on the tenant's behalf; the
 /// tenant's own runtime calls and every read are not audited.
+/// A tenant's webhook writes with its own key (create, update, test, delete) each leave an
+/// entry under the tenant and the key, as the admin plane's writes do; reading them does not.
+async fn a_tenants_own_webhook_writes_are_audited(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    s.tenant("acme").await;
+    let (secret, key_id) = s
+        .key_with(
+            "acme",
+            json!({"permissions": ["webhooks:read", "webhooks:write"]}),
+        )
+        .await;
+    let (_receiver, url) = Receiver::start().await;
+    allow_loopback(&s).await;
+    let body = json!({"url": url, "event_types": ["budget.funded"]});
+    let r = s.post("/v1/webhooks", As::Key(&secret), body).await;
+    let id = r.expect(201, None)["subscription"]["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/webhooks/{id}");
+    let patch = json!({"name": "renamed"});
+    let written = [
+        ("createTenantWebhook", 201, r),
+        (
+            "updateTenantWebhook",
+            200,
+            s.send(Method::PATCH, &path, As::Key(&secret), Some(&patch))
+                .await,
+        ),
+        (
+            "testTenantWebhook",
+            200,
+            s.post(&format!("{path}/test"), As::Key(&secret), json!({}))
+                .await,
+        ),
+        (
+            "deleteTenantWebhook",
+            204,
+            s.send(Method::DELETE, &path, As::Key(&secret), None).await,
+        ),
+    ];
+    assert_eq!(
+        written[2].2.body["success"], true,
+        "the probe reached the receiver"
+    );
+    for (operation, status, r) in &written {
+        r.expect(*status, None);
+        let e = entry_of(&s, r).await;
+        assert_entry(&e, operation, "acme", ("webhook", &id), "api_key");
+        assert_eq!(e["key_id"], key_id.as_str());
+    }
+    s.get("/v1/webhooks", As::Key(&secret))
+        .await
+        .expect(200, None);
+    assert_eq!(logs(&s, &format!("key_id={key_id}")).await.len(), 4);
+    s.stop().await;
+}
+
 async fn admin_release_is_audited_and_reads_are_not(engine: Engine) {
     let s = TestServer::start(engine).await;
     let key = s.setup("acme", 1_000).await;
