@@ -274,7 +274,8 @@ pub struct ServeArgs {
         default_value_t = 300
     )]
     audit_unauthenticated_per_minute: u32,
-    /// Requests per second allowed per API key (0 = no limit). Over it: 429 LIMIT_EXCEEDED.
+    /// Requests per second allowed per credential: each API key, the admin key too, and per
+    /// client address for requests without one (0 = no limit). Over it: 429 LIMIT_EXCEEDED.
     #[arg(long, env = "CYCLES_RATE_LIMIT_PER_SECOND", default_value_t = 0.0)]
     rate_limit_per_second: f64,
     /// Requests a key may burst above its rate (default: one second's worth).
