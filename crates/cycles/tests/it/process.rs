@@ -196,6 +196,12 @@ pub fn client() -> reqwest::Client {
 /// `cycles serve --data-dir <data_dir> <args>` must exit at start, saying the directory is
 /// in use (a server that starts instead is killed, and the test fails).
 pub fn assert_serve_refused_in_use(data_dir: &Path, args: &[&str]) {
+    assert_serve_refused(data_dir, args, "is in use by another process");
+}
+
+/// `cycles serve --data-dir <data_dir> <args>` must exit at start, saying `why` (a server
+/// that starts instead is killed, and the test fails).
+pub fn assert_serve_refused(data_dir: &Path, args: &[&str], why: &str) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cycles"))
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--admin-api-key", ADMIN_KEY])
@@ -213,7 +219,7 @@ pub fn assert_serve_refused_in_use(data_dir: &Path, args: &[&str]) {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("a second cycles serve on {} started", data_dir.display());
+            panic!("cycles serve {args:?} started, where it should say: {why}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -221,8 +227,8 @@ pub fn assert_serve_refused_in_use(data_dir: &Path, args: &[&str]) {
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
         .expect("read stderr");
     assert!(
-        !status.success() && stderr.contains("is in use by another process"),
-        "cycles serve {args:?} on a directory in use exited with {status}:\n{stderr}"
+        !status.success() && stderr.contains(why),
+        "cycles serve {args:?} exited with {status}, not saying {why}:\n{stderr}"
     );
 }
 

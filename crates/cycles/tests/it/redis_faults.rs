@@ -20,7 +20,8 @@ use tempfile::TempDir;
 
 use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url};
 use crate::process::{
-    assert_serve_refused_in_use, assert_verify_ok, client, free_port, RedisServe, Server,
+    assert_serve_refused, assert_serve_refused_in_use, assert_verify_ok, client, free_port,
+    RedisServe, Server,
 };
 
 const TENANT: &str = "faults";
@@ -735,6 +736,31 @@ async fn a_failover_under_load_loses_nothing_acknowledged() {
         "--redis-namespace",
         NAMESPACE,
     ]);
+}
+
+/// A Redis URL that does not parse can never connect: the server refuses it at start,
+/// naming it, where a Redis that is down is waited for. No Redis is needed.
+#[test]
+fn a_redis_url_that_does_not_parse_is_refused_at_start() {
+    let dir = TempDir::new().unwrap();
+    let single = ["--store", "redis", "--redis-url", "notaurl"];
+    assert_serve_refused(
+        dir.path(),
+        &single,
+        "the Redis URL 'notaurl' does not parse",
+    );
+    let cluster = [
+        "--store",
+        "redis",
+        "--redis-cluster",
+        "--redis-url",
+        "redis://127.0.0.1:1,http//x",
+    ];
+    assert_serve_refused(
+        dir.path(),
+        &cluster,
+        "the Redis URL 'http//x' does not parse",
+    );
 }
 
 /// Two instances on one machine never share a data directory: each deletes the history

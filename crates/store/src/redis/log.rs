@@ -44,6 +44,22 @@ pub enum Conn {
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
+/// Checks that `url` (a list, for a Cluster or Sentinels) names Redis servers at all: a URL
+/// that does not parse can never connect, so it is refused at start rather than retried
+/// like a Redis that is down.
+pub fn check_url(url: &str, topology: &Topology) -> Result<(), String> {
+    let nodes: Vec<&str> = match topology {
+        Topology::Single => vec![url],
+        Topology::Cluster | Topology::Sentinel(_) => url.split(',').map(str::trim).collect(),
+    };
+    for node in nodes {
+        if let Err(e) = redis::IntoConnectionInfo::into_connection_info(node) {
+            return Err(format!("the Redis URL '{node}' does not parse: {e}"));
+        }
+    }
+    Ok(())
+}
+
 impl Conn {
     /// Connects to `url` (`redis://…`, or a list, as `topology` says), each command
     /// bounded by `timeout`.

@@ -175,6 +175,8 @@ impl RedisStore {
                  routed to the ledger's master)",
             ));
         }
+        log::check_url(&config.url, &config.topology)
+            .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
         crate::embedded::create_private_dir(&config.history_dir)?;
         let lock = crate::embedded::lock_dir(&config.history_dir)?;
         // A cache of the log: what an earlier run left may be another ledger's.
