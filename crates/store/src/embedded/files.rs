@@ -84,6 +84,37 @@ pub fn list_snapshots(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     list_numbered(dir, "snapshot-", ".bin")
 }
 
+/// Takes group and other permissions away from `dir` and the files in it (`0700`, `0600`),
+/// as they are created: a directory restored from a copy, or made by hand, may have been
+/// left readable by others. Answers how many entries it changed.
+#[cfg(unix)]
+pub fn make_private(dir: &Path) -> io::Result<usize> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut changed = 0;
+    let mut restrict = |path: &Path, mode: u32| -> io::Result<()> {
+        let permissions = fs::symlink_metadata(path)?.permissions();
+        if permissions.mode() & 0o077 != 0 {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+            changed += 1;
+        }
+        Ok(())
+    };
+    restrict(dir, 0o700)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            restrict(&entry.path(), 0o600)?;
+        }
+    }
+    Ok(changed)
+}
+
+/// Elsewhere, permissions are left as they are.
+#[cfg(not(unix))]
+pub fn make_private(_dir: &Path) -> io::Result<usize> {
+    Ok(0)
+}
+
 /// Makes a directory entry change (create, rename, delete) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -102,5 +133,35 @@ mod tests {
         assert!(refused.to_string().contains("is in use by another process"));
         drop(first);
         lock_dir(dir.path()).expect("the lock, once the first is closed");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_left_readable_by_others_is_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let set = |path: &Path, mode: u32| {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let (open, private) = (
+            dir.path().join("history.sqlite"),
+            dir.path().join("admin.key"),
+        );
+        fs::write(&open, b"x").unwrap();
+        fs::write(&private, b"x").unwrap();
+        set(dir.path(), 0o755);
+        set(&open, 0o644);
+        set(&private, 0o600);
+        assert_eq!(make_private(dir.path()).unwrap(), 2);
+        assert_eq!(
+            (mode(dir.path()), mode(&open), mode(&private)),
+            (0o700, 0o600, 0o600)
+        );
+        assert_eq!(
+            make_private(dir.path()).unwrap(),
+            0,
+            "nothing left to change"
+        );
     }
 }

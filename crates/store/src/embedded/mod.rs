@@ -8,7 +8,7 @@ mod commit;
 mod faults;
 pub use faults::{DiskFault, DiskFaults};
 mod files;
-pub use files::{create_private_dir, lock_dir, private_file};
+pub use files::{create_private_dir, lock_dir, make_private, private_file};
 pub mod journal;
 mod recovery;
 pub mod snapshot;
@@ -286,6 +286,14 @@ fn open_durable(
     let dir = &config.data_dir;
     create_private_dir(dir)?;
     let lock = lock_dir(dir)?;
+    let opened_up = make_private(dir)?;
+    if opened_up > 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            entries = opened_up,
+            "the data directory or files in it were readable by others: made owner-only"
+        );
+    }
     let projector = Projector::open_embedded(Some(dir), config.retention, config.clock.clone())?;
     let held = projector.history().held_seq()?;
     let mut backlog = Vec::new();
