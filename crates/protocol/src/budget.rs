@@ -258,9 +258,10 @@ impl BudgetFundingRequest {
             same_unit("spent", s, unit.into())?;
         }
         // The key covers the target budget too: the same key on another budget is a mismatch.
+        // Scopes are case-insensitive, so the budget is named as it is looked up.
         let idem = self.idempotency_key.as_ref().map(|key| Idempotency {
             key: key.as_str().into(),
-            fingerprint: fingerprint(&(&scope, unit.as_str(), &self)),
+            fingerprint: fingerprint(&(&scope.to_lowercase(), unit.as_str(), &self)),
         });
         Ok(ledger::Funding {
             tenant_id,

@@ -590,6 +590,9 @@ async fn funding_is_idempotent_per_key(engine: Engine) {
     assert_eq!(transitions(&first)[0], (1_000, 1_100));
     let again = fund_as(&s, As::Admin, "tenant:acme", body.clone()).await;
     assert_eq!(again.expect(200, None), &first);
+    // The scope in other letters names the same budget: the same request, replayed.
+    let shouted = fund_as(&s, As::Admin, "TENANT:ACME", body.clone()).await;
+    assert_eq!(shouted.expect(200, None), &first);
     assert_eq!(acme_ledger(&s).await, [1_100, 0, 0, 0, 1_100]);
 
     let mut other = body.clone();
