@@ -20,7 +20,7 @@ pub struct Target {
     #[arg(long, env = "CYCLES_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
     /// Where to look for a stored admin key when none is given.
-    #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
+    #[arg(long, env = "CYCLES_DATA_DIR", default_value = crate::serve::DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
 }
 

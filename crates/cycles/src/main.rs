@@ -49,7 +49,7 @@ enum Cmd {
         #[arg(long, env = "CYCLES_STORE", value_enum, default_value = "embedded")]
         store: serve::StoreArg,
         /// The data directory to check (the embedded store).
-        #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
+        #[arg(long, env = "CYCLES_DATA_DIR", default_value = crate::serve::DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
         #[command(flatten)]
         redis: serve::RedisTarget,

@@ -17,6 +17,9 @@ use store::SystemClock;
 
 /// The file in the data directory that keeps a generated admin key.
 pub const ADMIN_KEY_FILE: &str = "admin.key";
+/// Where the data directory is unless one is named (`cycles admin` looks there too).
+pub const DEFAULT_DATA_DIR: &str = "./cycles-data";
+
 /// The keys webhook secrets are sealed with (see `--webhook-keys`).
 pub const WEBHOOK_KEY_FILE: &str = "webhook.key";
 
@@ -209,7 +212,7 @@ pub struct ServeArgs {
     redis: RedisArgs,
     /// Where the journal, snapshots and the generated admin key live (with `--store
     /// redis`: the generated keys and this instance's history cache).
-    #[arg(long, env = "CYCLES_DATA_DIR", default_value = "./cycles-data")]
+    #[arg(long, env = "CYCLES_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// The admin key (X-Admin-API-Key). If unset, one is generated on first start, stored in
     /// the data directory and printed once.
@@ -419,9 +422,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )?;
     }
     writeln!(out, "{admin_key_note}")?;
+    // `quickstart` finds the admin key where this server took it from.
+    let key_from = if args
+        .admin_api_key
+        .as_deref()
+        .is_some_and(|k| !k.trim().is_empty())
+    {
+        "   (with CYCLES_ADMIN_API_KEY or --admin-key set to the admin key)".to_string()
+    } else if args.data_dir != Path::new(DEFAULT_DATA_DIR) {
+        format!(" --data-dir {}", args.data_dir.display())
+    } else {
+        String::new()
+    };
     writeln!(
         out,
-        "Get a tenant API key:  cycles quickstart --url http://{addr}"
+        "Get a tenant API key:  cycles quickstart --url http://{addr}{key_from}"
     )?;
     drop(out);
     bound.run(shutdown_signal()).await?;
