@@ -33,6 +33,24 @@ fn assert_verify_data_dir_ok(data_dir: &Path) {
     assert_verify_ok(&["--data-dir", dir]);
 }
 
+/// `cycles verify` on a directory that holds no ledger (a mistyped path, a backup copied
+/// into the wrong place) says so and fails: its empty ledger would verify.
+#[test]
+fn verify_refuses_a_directory_without_a_ledger() {
+    let empty = TempDir::new().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cycles"))
+        .args(["verify", "--data-dir"])
+        .arg(empty.path())
+        .output()
+        .expect("run cycles verify");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("holds no ledger"),
+        "{}: {stderr}",
+        output.status
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // HTTP
 // ---------------------------------------------------------------------------------------

@@ -30,9 +30,9 @@ const UNIT: &str = "USD_MICROCENTS";
 const BETA_ALLOCATED: i64 = 1_000_000_000;
 
 /// Event ids received, with how many times each came.
-type Received = Arc<Mutex<BTreeMap<String, usize>>>;
+pub(crate) type Received = Arc<Mutex<BTreeMap<String, usize>>>;
 
-async fn start_receiver() -> (Received, String) {
+pub(crate) async fn start_receiver() -> (Received, String) {
     let got: Received = Arc::default();
     async fn receive(State(got): State<Received>, _: HeaderMap, body: Bytes) -> &'static str {
         let event: Value = serde_json::from_slice(&body).expect("event JSON");

@@ -580,3 +580,61 @@ async fn instances_keep_every_clients_own_budget_exact() {
     assert_every_instance_wrote(&fleet.bases).await;
     assert_ledger_ok(&fleet.ledger);
 }
+
+/// Every instance runs a webhook dispatcher over the one ledger: each delivery is claimed
+/// before it is sent, so an event funded through any instance reaches its receiver once
+/// (it reached it up to three times, once per instance that took it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_deliver_each_event_once() {
+    const FUNDINGS: usize = 30;
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    let fleet = fleet(url, false, "webhooks", Writes::Turns, &[]).await;
+    let (received, hook) = crate::events_crash::start_receiver().await;
+    let first = &fleet.bases[0];
+    let security = json!({"blocked_cidr_ranges": [], "allow_http": true});
+    let put = client()
+        .put(format!("{first}/v1/admin/config/webhook-security"))
+        .header("X-Admin-API-Key", crate::process::ADMIN_KEY)
+        .json(&security)
+        .send()
+        .await
+        .expect("webhook security");
+    assert_eq!(put.status(), 200);
+    provision(first, "hooks", &[("tenant:hooks".into(), 1_000_000)], UNIT).await;
+    let http = client();
+    let subscription = json!({"url": hook, "event_types": ["budget.funded"]});
+    let (status, _) = call(
+        &http,
+        first,
+        "/v1/admin/webhooks?tenant_id=hooks",
+        None,
+        Some(subscription),
+    )
+    .await;
+    assert_eq!(status, 201);
+    for n in 0..FUNDINGS {
+        let base = &fleet.bases[n % fleet.bases.len()];
+        let path = format!("/v1/admin/budgets/fund?scope=tenant:hooks&unit={UNIT}&tenant_id=hooks");
+        let credit = json!({"operation": "CREDIT", "amount": {"unit": UNIT, "amount": 1},
+                            "idempotency_key": format!("fund-{n}")});
+        let (status, body) = call(&http, base, &path, None, Some(credit)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while received.lock().unwrap().len() < FUNDINGS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every event arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Time for a second copy of any of them, from another instance, to arrive.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let received = received.lock().unwrap().clone();
+    let twice: Vec<_> = received.iter().filter(|(_, n)| **n > 1).collect();
+    assert_eq!(received.len(), FUNDINGS);
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    assert_ledger_ok(&fleet.ledger);
+}

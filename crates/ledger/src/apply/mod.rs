@@ -61,7 +61,7 @@ pub use tenants::{
     TenantSort, TenantWritten, UpdateTenant, TENANT_CLOSED_REASON,
 };
 pub use webhooks::{
-    Attempt, CreateWebhook, DeleteWebhook, DeliveryPending, DueDeliveries, DueDelivery, GetWebhook,
+    Attempt, ClaimDelivery, CreateWebhook, DeleteWebhook, DueDeliveries, DueDelivery, GetWebhook,
     GetWebhookSecurity, ListWebhooks, NewWebhook, QueueReplay, RecordAttempt, SetWebhookSecurity,
     UpdateWebhook, WebhookFilter, WebhookPatch, WebhookPlane, WebhookSort,
 };

@@ -167,12 +167,20 @@ pub struct RecordAttempt {
     pub retry_in_ms: u64,
 }
 
-/// Whether a delivery the dispatcher took is still to be sent: still due, its subscription
-/// still ACTIVE. Asked before each send after a lane's first, so a pause, a delete or an
-/// auto-disable since the lane was taken stops the rest of it.
+/// Whether a delivery the dispatcher took is still to be sent: still due, not attempted
+/// since it was taken (`attempts` as it was then), its subscription still ACTIVE. Asked
+/// before each send after a lane's first, so a pause, a delete or an auto-disable since the
+/// lane was taken stops the rest of it.
+///
+/// With `hold_ms` it is also claimed: its next attempt is put off by that long, so another
+/// dispatcher on the same ledger (the Redis engine's other instances) does not take it
+/// meanwhile, and of two that took it, only the first to claim it sends it. Its attempt, or
+/// the hold running out (its dispatcher gone), makes it due again.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeliveryPending {
+pub struct ClaimDelivery {
     pub delivery_id: String,
+    pub attempts: u32,
+    pub hold_ms: Option<u64>,
 }
 
 /// Queues deliveries of events already selected from the event log (a replay).
@@ -192,7 +200,7 @@ operation!(GetWebhookSecurity => WebhookSecurity, get_webhook_security);
 operation!(SetWebhookSecurity => WebhookSecurity, set_webhook_security);
 operation!(DueDeliveries => Vec<DueDelivery>, due_deliveries);
 operation!(RecordAttempt => Option<Arc<Delivery>>, record_attempt);
-operation!(DeliveryPending => bool, delivery_pending);
+operation!(ClaimDelivery => bool, claim_delivery);
 operation!(QueueReplay => usize, queue_replay);
 
 impl WebhookSort {
@@ -560,14 +568,24 @@ impl Tx<'_> {
         Ok(due)
     }
 
-    fn delivery_pending(&mut self, op: DeliveryPending) -> Result<bool, Rejection> {
+    fn claim_delivery(&mut self, op: ClaimDelivery) -> Result<bool, Rejection> {
         let webhooks = &self.state.webhooks;
-        Ok(webhooks.due.get(&op.delivery_id).is_some_and(|d| {
-            webhooks
-                .subscriptions
-                .get(&d.subscription_id)
-                .is_some_and(|w| w.status == WebhookStatus::Active)
-        }))
+        let Some(d) = webhooks.due.get(&op.delivery_id) else {
+            return Ok(false);
+        };
+        let active = webhooks
+            .subscriptions
+            .get(&d.subscription_id)
+            .is_some_and(|w| w.status == WebhookStatus::Active);
+        if !active || d.attempts != op.attempts || d.next_attempt_at_ms > self.now {
+            return Ok(false);
+        }
+        if let Some(hold_ms) = op.hold_ms {
+            let mut held = (**d).clone();
+            held.next_attempt_at_ms = self.now.saturating_add(hold_ms as Millis);
+            self.put(Effect::PutDelivery(Arc::new(held)));
+        }
+        Ok(true)
     }
 
     fn record_attempt(&mut self, op: RecordAttempt) -> Result<Option<Arc<Delivery>>, Rejection> {

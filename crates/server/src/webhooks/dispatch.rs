@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ledger::{
-    Actor, Attempt, Delivery, DeliveryPending, DueDeliveries, DueDelivery, Event,
-    GetWebhookSecurity, RecordAttempt, WebhookSubscription,
+    Actor, Attempt, ClaimDelivery, Delivery, DueDeliveries, DueDelivery, Event, GetWebhookSecurity,
+    RecordAttempt, WebhookSubscription,
 };
 use protocol::webhook::EventResponse;
 use store::{Engine, Load, Store};
@@ -32,6 +32,10 @@ const BATCH: usize = 1024;
 const CONCURRENT_SUBSCRIPTIONS: usize = 64;
 /// How often the store is asked for due deliveries when the last look found none.
 const IDLE_POLL: Duration = Duration::from_millis(50);
+/// How long a claimed delivery is put off for the other instances: longer than an attempt
+/// can take (a connect and the request's whole timeout), so it is recorded first; if this
+/// instance dies with it claimed, another sends it once this has passed.
+const CLAIM_HOLD: Duration = REQUEST_TIMEOUT.saturating_add(Duration::from_secs(10));
 
 /// What the dispatcher has done since the start, for `/metrics`.
 #[derive(Debug, Default)]
@@ -202,19 +206,25 @@ async fn serve_lane(
     counters: &DispatchCounters,
     lane: Vec<Job>,
 ) {
+    // Where several instances dispatch from one ledger, each delivery is claimed before it
+    // is sent, so only one of them sends it.
+    let hold_ms = matches!(**store, Engine::Redis(_)).then_some(CLAIM_HOLD.as_millis() as u64);
     for (i, job) in lane.into_iter().enumerate() {
         let id = job.delivery.delivery_id.clone();
-        if i > 0 {
-            let pending = DeliveryPending {
+        if i > 0 || hold_ms.is_some() {
+            let claim = ClaimDelivery {
                 delivery_id: id.clone(),
+                attempts: job.delivery.attempts,
+                hold_ms,
             };
-            let pending = match store.execute(pending, Load::Busy).await {
+            let pending = match store.execute(claim, Load::Busy).await {
                 Ok(applied) => applied.result.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
             match pending {
                 Ok(true) => {}
-                // Cancelled meanwhile; the next look at the store fails it or finds it gone.
+                // Cancelled, or claimed by another instance, meanwhile; the next look at the
+                // store fails it, finds it gone or finds it attempted.
                 Ok(false) => continue,
                 Err(why) => {
                     tracing::warn!(delivery = %id, %why, "webhook lane stopped; it is taken again later");

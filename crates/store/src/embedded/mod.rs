@@ -567,6 +567,16 @@ fn metric(name: &'static str, help: &'static str, counter: bool, value: u64) -> 
 
 /// Recovers a data directory read-only and checks the ledger's rules on the result.
 pub fn verify(dir: &Path) -> io::Result<(Recovered, Vec<ledger::Violation>)> {
+    // A mistyped path is an empty directory, whose empty ledger would verify.
+    if files::list_segments(dir)?.is_empty() && files::list_snapshots(dir)?.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{} holds no ledger (no journal segment or snapshot): is it a data directory?",
+                dir.display()
+            ),
+        ));
+    }
     let recovered = recover(dir, false)?;
     let violations = recovered.state.verify();
     Ok((recovered, violations))
