@@ -52,10 +52,10 @@ enum WebhookCmd {
         /// The owning tenant (default: a system-wide subscription).
         #[arg(long)]
         tenant: Option<String>,
-        /// An event type to receive, e.g. budget.exhausted (repeatable).
-        #[arg(long = "event-type")]
+        /// An event type to receive, e.g. budget.exhausted (repeatable; at least one).
+        #[arg(long = "event-type", required = true)]
         event_types: Vec<String>,
-        /// An event category to receive, e.g. budget (repeatable).
+        /// An event category to receive as well, e.g. budget (repeatable).
         #[arg(long = "category")]
         categories: Vec<String>,
         /// Only events at scopes matching this pattern (`tenant:acme/*`).

@@ -467,11 +467,22 @@ fn open_embedded(
         elapsed_ms = opening.elapsed().as_millis() as u64,
         "store recovered"
     );
-    let storage = format!(
-        "embedded, {} durability, data in {}",
-        durability.as_str(),
-        args.data_dir.display()
-    );
+    let storage = if durability == Durability::None {
+        if store::embedded::holds_ledger(&args.data_dir).unwrap_or(false) {
+            tracing::warn!(
+                dir = %args.data_dir.display(),
+                "--durability none keeps the ledger in memory only: the ledger in this \
+                 directory is neither read nor written"
+            );
+        }
+        "embedded, in memory only (--durability none: nothing is kept)".to_string()
+    } else {
+        format!(
+            "embedded, {} durability, data in {}",
+            durability.as_str(),
+            args.data_dir.display()
+        )
+    };
     Ok((store.into(), storage))
 }
 
@@ -562,7 +573,8 @@ fn admin_key(data_dir: &Path, given: Option<String>) -> anyhow::Result<(String, 
             return Ok((key, format!("Admin key: stored in {}", path.display())));
         }
     }
-    store::embedded::create_private_dir(data_dir)?;
+    store::embedded::create_private_dir(data_dir)
+        .with_context(|| format!("creating data directory {}", data_dir.display()))?;
     let key = format!(
         "cyc_admin_{}",
         server::new_key_secret().trim_start_matches("cyc_live_")
@@ -622,7 +634,8 @@ fn webhook_keys(data_dir: &Path, given: Option<&str>) -> anyhow::Result<Vec<[u8;
              deliveries fail until it is given back (--webhook-keys, or restore the file)"
         );
     }
-    store::embedded::create_private_dir(data_dir)?;
+    store::embedded::create_private_dir(data_dir)
+        .with_context(|| format!("creating data directory {}", data_dir.display()))?;
     let key = server::new_webhook_key();
     write_private(&path, &format!("{}\n", hex::encode(key)))
         .with_context(|| format!("writing {}", path.display()))?;

@@ -566,9 +566,14 @@ fn metric(name: &'static str, help: &'static str, counter: bool, value: u64) -> 
 }
 
 /// Recovers a data directory read-only and checks the ledger's rules on the result.
+/// Whether `dir` holds a ledger: a journal segment or a snapshot.
+pub fn holds_ledger(dir: &Path) -> io::Result<bool> {
+    Ok(!files::list_segments(dir)?.is_empty() || !files::list_snapshots(dir)?.is_empty())
+}
+
 pub fn verify(dir: &Path) -> io::Result<(Recovered, Vec<ledger::Violation>)> {
     // A mistyped path is an empty directory, whose empty ledger would verify.
-    if files::list_segments(dir)?.is_empty() && files::list_snapshots(dir)?.is_empty() {
+    if !holds_ledger(dir)? {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!(
