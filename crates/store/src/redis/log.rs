@@ -414,6 +414,16 @@ impl Log {
             .query(conn.link())?)
     }
 
+    /// How many replicas Redis has connected now (`INFO replication`).
+    pub fn connected_replicas(&self, conn: &mut Conn) -> Result<u32, LogError> {
+        let info: String = ::redis::cmd("INFO").arg("replication").query(conn.link())?;
+        Ok(info
+            .lines()
+            .find_map(|line| line.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
     /// Whether another instance is waiting for the lease.
     pub fn wanted(&self, conn: &mut Conn) -> Result<bool, LogError> {
         Ok(::redis::cmd("EXISTS")

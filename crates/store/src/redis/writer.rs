@@ -480,6 +480,18 @@ impl Writer {
         let durability = self.durability;
         let settings = Settings::read(self.link.get()?)?;
         check_settings(&settings, durability)?;
+        if self.replicas > 0 {
+            let connected = self.log.connected_replicas(self.link.get()?)?;
+            if connected < self.replicas {
+                tracing::warn!(
+                    connected,
+                    asked = self.replicas,
+                    "Redis has fewer replicas connected than --redis-replicas asks for: \
+                     until they connect, every write is recorded but answered 503 \
+                     (outcome unknown)"
+                );
+            }
+        }
         let new_marker = format!(
             "{} {}",
             uuid::Uuid::new_v4().simple(),
