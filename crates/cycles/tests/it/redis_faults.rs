@@ -529,12 +529,22 @@ async fn writes_wait_for_the_replicas_asked_for() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let primary = RedisProcess::start(&dir.path().join("primary"), free_port());
-    let mut replica = start_replica(&dir.path().join("replica"), &primary);
     let url = primary.url();
     let mut serve = RedisServe::new(&url, false, NAMESPACE);
     serve.durability = "aof";
     serve.timeout_ms = "300";
     serve.extra = vec!["--redis-replicas", "1"];
+    // Started while the primary has no replica, a server says what its writes will get.
+    let logs = dir.path().join("alone");
+    std::fs::create_dir_all(&logs).expect("logs dir");
+    let alone = Server::start_redis(&logs.join("data"), &logs, &serve).await;
+    alone.terminate().await;
+    let said: String = std::fs::read_dir(&logs)
+        .expect("logs")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .collect();
+    assert!(said.contains("fewer replicas connected than --redis-replicas asks for"));
+    let mut replica = start_replica(&dir.path().join("replica"), &primary);
     let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
     let base = server.base.clone();
     let key = provision_tenant(&base, 1_000_000).await;
