@@ -74,9 +74,28 @@ fn check_permissions(permissions: &Option<Vec<String>>) -> Result<(), ApiError> 
     Ok(())
 }
 
+/// Each entry names a scope segment a key is kept to: `level:value`, or `level:*` for any
+/// value at that level. Anything else would be stored and then match no scope, leaving
+/// the key able to see nothing.
 fn check_scope_filter(scope_filter: &Option<Vec<String>>) -> Result<(), ApiError> {
     for f in scope_filter.iter().flatten() {
         max_len("scope_filter[]", f, 256)?;
+        let valid = f.split_once(':').is_some_and(|(level, value)| {
+            let level = level.to_lowercase();
+            ledger::SCOPE_LEVELS.contains(&level.as_str())
+                && (value == "*"
+                    || (!value.is_empty()
+                        && value.len() <= 128
+                        && value
+                            .bytes()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))))
+        });
+        if !valid {
+            return Err(ApiError::invalid(format!(
+                "scope_filter[]: '{f}' is not level:value or level:* (levels: {})",
+                ledger::SCOPE_LEVELS.join(", ")
+            )));
+        }
     }
     Ok(())
 }

@@ -622,11 +622,25 @@ async fn api_keys_are_updated_while_active(engine: Engine) {
         json!({"name": ""}),
         json!({"name": 5}),
         json!({"scope_filter": "agent:*"}),
+        // Entries that could never match a scope segment.
+        json!({"scope_filter": [""]}),
+        json!({"scope_filter": ["garbage"]}),
+        json!({"scope_filter": ["team:eng"]}),
+        json!({"scope_filter": ["workspace:"]}),
+        json!({"scope_filter": ["agent:a/b"]}),
     ] {
         patch(&s, &path, body.clone())
             .await
             .expect(400, Some("INVALID_REQUEST"));
     }
+    let minted = s
+        .post(
+            "/v1/admin/api-keys",
+            As::Admin,
+            json!({"tenant_id": "acme", "name": "k", "scope_filter": ["workspace:eng", "nope"]}),
+        )
+        .await;
+    minted.expect(400, Some("INVALID_REQUEST"));
     let unchanged = s.get("/v1/admin/api-keys?tenant_id=acme", As::Admin).await;
     let u = &unchanged.expect(200, None)["keys"][0];
     assert_eq!(
