@@ -16,7 +16,7 @@ use crate::schema::{
     RolloverPolicy as RolloverSchema, SignedAmount, SortDirection,
 };
 use crate::tenant::check_tenant_id;
-use crate::validate::{idempotency_key, len_between, max_len, parse_enum, timestamp};
+use crate::validate::{idempotency_key, len_between, max_len, nullable, parse_enum, timestamp};
 use crate::{
     decode_budget_cursor, encode_budget_cursor, fingerprint, format_rfc3339, parse_rfc3339, Amount,
     ApiError, ClampedLimit, ErrorCode, Search, Validate, WireName, WirePolicy, WireUnit,
@@ -145,16 +145,23 @@ impl BudgetCreateRequest {
 /// The body of `PATCH /v1/admin/budgets`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(description = "A partial update of a budget: only the fields present change.")]
+#[schema(
+    description = "A partial update of a budget: only the fields present change; `commit_overage_policy` or `metadata` sent as null is removed (the budget then takes its tenant's default policy)."
+)]
 pub struct BudgetUpdateRequest {
     /// In the budget's unit.
     pub overdraft_limit: Option<Amount>,
-    pub commit_overage_policy: Option<WirePolicy>,
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<Metadata>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<WirePolicy>, nullable)]
+    pub commit_overage_policy: Option<Option<WirePolicy>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<Object>, nullable)]
+    pub metadata: Option<Option<Metadata>>,
 }
 
 impl Validate for BudgetUpdateRequest {
+    const CLEARABLE: &'static [&'static str] = &["commit_overage_policy", "metadata"];
+
     fn validate(&self) -> Result<(), ApiError> {
         if let Some(o) = &self.overdraft_limit {
             o.check("overdraft_limit")?;
@@ -170,8 +177,8 @@ impl BudgetUpdateRequest {
         }
         Ok(ledger::BudgetPatch {
             overdraft_limit: self.overdraft_limit.map(|o| o.amount),
-            commit_overage_policy: self.commit_overage_policy.map(Into::into),
-            metadata: metadata_text(&self.metadata),
+            commit_overage_policy: self.commit_overage_policy.map(|p| p.map(Into::into)),
+            metadata: self.metadata.map(|m| metadata_text(&m)),
         })
     }
 }

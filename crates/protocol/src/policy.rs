@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::query::PageSize;
 use crate::schema::PolicyStatus as PolicyStatusSchema;
 use crate::tenant::check_tenant_id;
-use crate::validate::{len_between, max_len, non_negative, range};
+use crate::validate::{len_between, max_len, non_negative, nullable, range};
 use crate::{format_rfc3339, parse_rfc3339, ApiError, Validate, WirePolicy};
 
 /// `Caps`: soft-landing constraints, present iff the decision is `ALLOW_WITH_CAPS`.
@@ -281,19 +281,34 @@ impl PolicyCreateRequest {
     }
 }
 
-/// The body of `PATCH /v1/admin/policies/{policy_id}`.
+/// The body of `PATCH /v1/admin/policies/{policy_id}`. The optional settings may be `null`,
+/// which removes them: the policy then no longer caps, overrides or bounds what it did.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyUpdateRequest {
     pub name: Option<String>,
-    pub description: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub description: Option<Option<String>>,
     pub priority: Option<i64>,
-    pub caps: Option<Caps>,
-    pub commit_overage_policy: Option<WirePolicy>,
-    pub reservation_ttl_override: Option<ReservationTtlOverride>,
-    pub rate_limits: Option<PolicyRateLimits>,
-    pub effective_from: Option<String>,
-    pub effective_until: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<Caps>, nullable)]
+    pub caps: Option<Option<Caps>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<WirePolicy>, nullable)]
+    pub commit_overage_policy: Option<Option<WirePolicy>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<ReservationTtlOverride>, nullable)]
+    pub reservation_ttl_override: Option<Option<ReservationTtlOverride>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<PolicyRateLimits>, nullable)]
+    pub rate_limits: Option<Option<PolicyRateLimits>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub effective_from: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub effective_until: Option<Option<String>>,
     #[schema(value_type = Option<crate::schema::PolicyStatus>, inline)]
     pub status: Option<String>,
     /// v0.1.26 action quotas: only an empty list is accepted (not supported).
@@ -315,6 +330,16 @@ pub struct PolicyUpdateRequest {
 }
 
 impl Validate for PolicyUpdateRequest {
+    const CLEARABLE: &'static [&'static str] = &[
+        "description",
+        "caps",
+        "commit_overage_policy",
+        "reservation_ttl_override",
+        "rate_limits",
+        "effective_from",
+        "effective_until",
+    ];
+
     fn validate(&self) -> Result<(), ApiError> {
         check_unenforced_lists([
             ("action_quotas", &self.action_quotas),
@@ -325,7 +350,7 @@ impl Validate for PolicyUpdateRequest {
         if let Some(n) = &self.name {
             len_between("name", n, 1, 256)?;
         }
-        if let Some(d) = &self.description {
+        if let Some(Some(d)) = &self.description {
             max_len("description", d, 1024)?;
         }
         if let Some(s) = &self.status {
@@ -333,11 +358,11 @@ impl Validate for PolicyUpdateRequest {
                 .ok_or_else(|| ApiError::invalid("status: must be ACTIVE or DISABLED"))?;
         }
         check_common(
-            &self.caps,
-            &self.reservation_ttl_override,
-            &self.rate_limits,
-            &self.effective_from,
-            &self.effective_until,
+            &self.caps.clone().flatten(),
+            &self.reservation_ttl_override.flatten(),
+            &self.rate_limits.flatten(),
+            &self.effective_from.clone().flatten(),
+            &self.effective_until.clone().flatten(),
             self.priority,
         )
     }
@@ -345,18 +370,19 @@ impl Validate for PolicyUpdateRequest {
 
 impl PolicyUpdateRequest {
     pub fn into_patch(self) -> ledger::PolicyPatch {
+        let time = |t: Option<Option<String>>| t.map(|t| t.as_deref().and_then(parse_rfc3339));
         ledger::PolicyPatch {
             name: self.name,
             description: self.description,
             priority: self.priority,
-            caps: self.caps.map(Into::into),
-            commit_overage_policy: self.commit_overage_policy.map(Into::into),
+            caps: self.caps.map(|c| c.map(Into::into)),
+            commit_overage_policy: self.commit_overage_policy.map(|p| p.map(Into::into)),
             reservation_ttl_override: self
                 .reservation_ttl_override
-                .map(ReservationTtlOverride::domain),
-            rate_limits: self.rate_limits.map(PolicyRateLimits::domain),
-            effective_from_ms: self.effective_from.as_deref().and_then(parse_rfc3339),
-            effective_until_ms: self.effective_until.as_deref().and_then(parse_rfc3339),
+                .map(|t| t.map(ReservationTtlOverride::domain)),
+            rate_limits: self.rate_limits.map(|l| l.map(PolicyRateLimits::domain)),
+            effective_from_ms: time(self.effective_from),
+            effective_until_ms: time(self.effective_until),
             status: self
                 .status
                 .as_deref()

@@ -185,8 +185,10 @@ pub struct UpdateBudget {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BudgetPatch {
     pub overdraft_limit: Option<i64>,
-    pub commit_overage_policy: Option<OveragePolicy>,
-    pub metadata: Option<String>,
+    /// Absent (`None`), removed (`Some(None)`: the tenant's default applies) or set.
+    pub commit_overage_policy: Option<Option<OveragePolicy>>,
+    /// Absent, removed or set (as JSON text).
+    pub metadata: Option<Option<String>>,
 }
 
 /// `POST /v1/admin/budgets/freeze` (`frozen`) and `/unfreeze`.
@@ -455,10 +457,10 @@ impl Tx<'_> {
             b.is_over_limit = b.debt > limit;
         }
         if let Some(policy) = patch.commit_overage_policy {
-            b.commit_overage_policy = Some(policy);
+            b.commit_overage_policy = policy;
         }
         if let Some(metadata) = patch.metadata {
-            b.metadata = Some(metadata.into());
+            b.metadata = metadata.map(Into::into);
         }
         if b == before {
             // Nothing changes: nothing is stamped, stored or announced (admin spec §4.3).

@@ -67,14 +67,15 @@ pub struct UpdatePolicy {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicyPatch {
     pub name: Option<String>,
-    pub description: Option<String>,
+    /// For each optional setting: absent (`None`), removed (`Some(None)`) or set.
+    pub description: Option<Option<String>>,
     pub priority: Option<i64>,
-    pub caps: Option<Caps>,
-    pub commit_overage_policy: Option<OveragePolicy>,
-    pub reservation_ttl_override: Option<TtlOverride>,
-    pub rate_limits: Option<RateLimits>,
-    pub effective_from_ms: Option<Millis>,
-    pub effective_until_ms: Option<Millis>,
+    pub caps: Option<Option<Caps>>,
+    pub commit_overage_policy: Option<Option<OveragePolicy>>,
+    pub reservation_ttl_override: Option<Option<TtlOverride>>,
+    pub rate_limits: Option<Option<RateLimits>>,
+    pub effective_from_ms: Option<Option<Millis>>,
+    pub effective_until_ms: Option<Option<Millis>>,
     pub status: Option<PolicyStatus>,
 }
 
@@ -203,14 +204,14 @@ impl Tx<'_> {
             status,
         } = patch;
         p.name = name.unwrap_or(p.name);
-        p.description = description.or(p.description);
+        p.description = description.unwrap_or(p.description);
         p.priority = priority.unwrap_or(p.priority);
-        p.caps = caps.or(p.caps);
-        p.commit_overage_policy = commit_overage_policy.or(p.commit_overage_policy);
-        p.reservation_ttl_override = reservation_ttl_override.or(p.reservation_ttl_override);
-        p.rate_limits = rate_limits.or(p.rate_limits);
-        p.effective_from_ms = effective_from_ms.or(p.effective_from_ms);
-        p.effective_until_ms = effective_until_ms.or(p.effective_until_ms);
+        p.caps = caps.unwrap_or(p.caps);
+        p.commit_overage_policy = commit_overage_policy.unwrap_or(p.commit_overage_policy);
+        p.reservation_ttl_override = reservation_ttl_override.unwrap_or(p.reservation_ttl_override);
+        p.rate_limits = rate_limits.unwrap_or(p.rate_limits);
+        p.effective_from_ms = effective_from_ms.unwrap_or(p.effective_from_ms);
+        p.effective_until_ms = effective_until_ms.unwrap_or(p.effective_until_ms);
         p.status = status.unwrap_or(p.status);
         if let (Some(from), Some(until)) = (p.effective_from_ms, p.effective_until_ms) {
             // As create refuses it: a policy whose window is empty never takes effect.

@@ -12,6 +12,7 @@ engine_tests!(
     rate_limits_count_each_clock_minute,
     a_pattern_that_could_never_match_is_refused,
     an_update_that_changes_nothing_is_not_announced,
+    null_removes_an_optional_setting,
 );
 
 async fn policy(s: &TestServer, who: As<'_>, body: Value) -> Value {
@@ -554,5 +555,73 @@ async fn an_update_that_changes_nothing_is_not_announced(engine: Engine) {
         .await
         .expect(200, None);
     assert_eq!(count_events(&s, "budget.updated").await, 1);
+    s.stop().await;
+}
+
+/// A PATCH's `null` removes a policy's optional setting (its caps then no longer apply)
+/// or a budget's overage policy and metadata; a `null` for anything required is refused.
+async fn null_removes_an_optional_setting(engine: Engine) {
+    let s = TestServer::start(engine).await;
+    let key = s.setup("acme", 1_000_000).await;
+    let created = policy(
+        &s,
+        As::Key(&key),
+        json!({"name": "capped", "scope_pattern": "tenant:acme/*", "description": "d",
+               "caps": {"max_tokens": 5}, "effective_until": "2030-01-01T00:00:00Z"}),
+    )
+    .await;
+    let path = format!(
+        "/v1/admin/policies/{}",
+        created["policy_id"].as_str().unwrap()
+    );
+    let reserve = |k: &str| reserve_body(k, agent(), 1);
+    let r = s
+        .post("/v1/reservations", As::Key(&key), reserve("r1"))
+        .await;
+    assert_eq!(r.expect(200, None)["decision"], "ALLOW_WITH_CAPS");
+    for required in [
+        json!({"name": null}),
+        json!({"priority": null}),
+        json!({"status": null}),
+    ] {
+        s.send(Method::PATCH, &path, As::Key(&key), Some(&required))
+            .await
+            .expect(400, Some("INVALID_REQUEST"));
+    }
+    let cleared = json!({"caps": null, "description": null, "effective_until": null});
+    let r = s
+        .send(Method::PATCH, &path, As::Key(&key), Some(&cleared))
+        .await;
+    let p = r.expect(200, None);
+    for field in ["caps", "description", "effective_until"] {
+        assert!(p.get(field).is_none(), "{field} removed: {p}");
+    }
+    assert_eq!(p["name"], "capped");
+    let r = s
+        .post("/v1/reservations", As::Key(&key), reserve("r2"))
+        .await;
+    let r = r.expect(200, None);
+    assert_eq!(r["decision"], "ALLOW");
+    assert!(r.get("caps").is_none());
+
+    let budget = "/v1/admin/budgets?scope=tenant:acme&unit=USD_MICROCENTS";
+    let set = json!({"commit_overage_policy": "REJECT", "metadata": {"team": "a"}});
+    let b = s.send(Method::PATCH, budget, As::Admin, Some(&set)).await;
+    assert_eq!(b.expect(200, None)["commit_overage_policy"], "REJECT");
+    let unset = json!({"commit_overage_policy": null, "metadata": null});
+    let b = s.send(Method::PATCH, budget, As::Admin, Some(&unset)).await;
+    let b = b.expect(200, None);
+    assert!(
+        b.get("commit_overage_policy").is_none() && b.get("metadata").is_none(),
+        "{b}"
+    );
+    s.send(
+        Method::PATCH,
+        budget,
+        As::Admin,
+        Some(&json!({"overdraft_limit": null})),
+    )
+    .await
+    .expect(400, Some("INVALID_REQUEST"));
     s.stop().await;
 }
