@@ -202,8 +202,8 @@ impl LimitArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Address to listen on (every plane).
-    #[arg(long, env = "CYCLES_LISTEN", default_value = "127.0.0.1:7878")]
+    /// Address to listen on (every plane): an IP address or a host name, and a port.
+    #[arg(long, env = "CYCLES_LISTEN", default_value = "127.0.0.1:7878", value_parser = listen_address)]
     listen: SocketAddr,
     /// Where the ledger is kept.
     #[arg(long, env = "CYCLES_STORE", value_enum, default_value = "embedded")]
@@ -444,6 +444,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--listen`: `ip:port`, or `host:port` resolved here (its IPv4 address, if it has one:
+/// `localhost` may resolve to `::1` first, where clients mostly try `127.0.0.1`).
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = text.parse() {
+        return Ok(address);
+    }
+    let resolved: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(text)
+        .map_err(|e| format!("expected host:port, e.g. 127.0.0.1:7878 ({e})"))?
+        .collect();
+    resolved
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(resolved.first())
+        .copied()
+        .ok_or_else(|| format!("{text} resolves to no address"))
+}
+
 /// Opens the embedded store; answers it with how the startup line names it.
 fn open_embedded(
     args: &ServeArgs,
@@ -676,7 +693,19 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::advertise_url;
+    use super::{advertise_url, listen_address};
+
+    #[test]
+    fn a_listen_address_may_name_its_host() {
+        let given = listen_address("127.0.0.1:7878").unwrap();
+        assert_eq!(given.to_string(), "127.0.0.1:7878");
+        assert_eq!(listen_address("[::1]:9").unwrap().to_string(), "[::1]:9");
+        let local = listen_address("localhost:7879").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 7879, "{local}");
+        for bad in ["localhost", "127.0.0.1", "no such host.invalid:1"] {
+            assert!(listen_address(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn an_advertised_url_is_a_base_url_for_http() {
