@@ -10,17 +10,13 @@
 //! `tenant:beta` holds.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
 use crate::process::{client, Server, ADMIN_KEY};
+use crate::receiver::Receiver;
 
 const CLIENTS: usize = 4;
 const LOAD: Duration = Duration::from_millis(1_200);
@@ -28,26 +24,6 @@ const KILL_CYCLES: usize = 2;
 const UNIT: &str = "USD_MICROCENTS";
 /// What `tenant:beta` is allocated: more than the commits can spend, less than a dry run asks.
 const BETA_ALLOCATED: i64 = 1_000_000_000;
-
-/// Event ids received, with how many times each came.
-pub(crate) type Received = Arc<Mutex<BTreeMap<String, usize>>>;
-
-pub(crate) async fn start_receiver() -> (Received, String) {
-    let got: Received = Arc::default();
-    async fn receive(State(got): State<Received>, _: HeaderMap, body: Bytes) -> &'static str {
-        let event: Value = serde_json::from_slice(&body).expect("event JSON");
-        let id = event["event_id"].as_str().expect("event id").to_string();
-        *got.lock().unwrap().entry(id).or_default() += 1;
-        "ok"
-    }
-    let app = axum::Router::new()
-        .route("/hook", axum::routing::post(receive))
-        .with_state(got.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (got, format!("http://{addr}/hook"))
-}
 
 async fn admin(method: reqwest::Method, url: String, body: Value) -> reqwest::Response {
     client()
@@ -236,7 +212,7 @@ async fn runtime_tenant(base: &str, url: &str) -> String {
 async fn every_acknowledged_change_has_its_event_delivered_after_kill_9() {
     let dir = TempDir::new().expect("temp dir");
     let data = dir.path().join("data");
-    let (received, url) = start_receiver().await;
+    let (received, url) = Receiver::start().await;
     let mut server = Server::start(&data, dir.path()).await;
     let base = server.base.clone();
     // The loopback receiver is let through the SSRF guard by its configuration.
@@ -368,7 +344,7 @@ async fn every_acknowledged_change_has_its_event_delivered_after_kill_9() {
         .collect();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let got: BTreeSet<String> = received.lock().unwrap().keys().cloned().collect();
+        let got: BTreeSet<String> = received.by_event().into_keys().collect();
         let missing: Vec<_> = want.difference(&got).collect();
         if missing.is_empty() {
             break;
@@ -382,7 +358,7 @@ async fn every_acknowledged_change_has_its_event_delivered_after_kill_9() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let delivered: Vec<String> = received.lock().unwrap().keys().cloned().collect();
+    let delivered: Vec<String> = received.by_event().into_keys().collect();
     assert!(
         delivered.iter().all(|id| want.contains(id)),
         "a delivered event is not in the log"

@@ -7,6 +7,7 @@ mod events_crash;
 mod ledger_http;
 mod logs;
 mod process;
+mod receiver;
 mod redis_faults;
 mod redis_storm;
 mod webhook_keys;

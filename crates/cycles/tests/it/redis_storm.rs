@@ -591,7 +591,7 @@ async fn instances_deliver_each_event_once() {
         return;
     };
     let fleet = fleet(url, false, "webhooks", Writes::Turns, &[]).await;
-    let (received, hook) = crate::events_crash::start_receiver().await;
+    let (received, hook) = crate::receiver::Receiver::start().await;
     let first = &fleet.bases[0];
     let security = json!({"blocked_cidr_ranges": [], "allow_http": true});
     let put = client()
@@ -623,7 +623,7 @@ async fn instances_deliver_each_event_once() {
         assert_eq!(status, 200, "{body}");
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while received.lock().unwrap().len() < FUNDINGS {
+    while received.by_event().len() < FUNDINGS {
         assert!(
             std::time::Instant::now() < deadline,
             "not every event arrived"
@@ -632,7 +632,7 @@ async fn instances_deliver_each_event_once() {
     }
     // Time for a second copy of any of them, from another instance, to arrive.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let received = received.lock().unwrap().clone();
+    let received = received.by_event();
     let twice: Vec<_> = received.iter().filter(|(_, n)| **n > 1).collect();
     assert_eq!(received.len(), FUNDINGS);
     assert!(twice.is_empty(), "delivered more than once: {twice:?}");

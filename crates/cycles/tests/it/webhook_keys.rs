@@ -3,35 +3,13 @@
 //! with the reason (so retries, auto-disable and the deliveries list tell the operator),
 //! and the test probe answers it too.
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
 use crate::process::{client, Server, ADMIN_KEY};
-
-/// The headers of every request the receiver got.
-type Received = Arc<Mutex<Vec<HeaderMap>>>;
-
-async fn start_receiver() -> (Received, String) {
-    let got: Received = Arc::default();
-    async fn receive(State(got): State<Received>, headers: HeaderMap, _: Bytes) -> &'static str {
-        got.lock().unwrap().push(headers);
-        "ok"
-    }
-    let app = axum::Router::new()
-        .route("/hook", axum::routing::post(receive))
-        .with_state(got.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (got, format!("http://{addr}/hook"))
-}
+use crate::receiver::Receiver;
 
 async fn admin(server: &Server, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
     let mut request = client()
@@ -79,7 +57,7 @@ async fn wait_deliveries(server: &Server, id: &str, done: impl Fn(&[Value]) -> b
 async fn a_lost_webhook_key_fails_deliveries_and_never_sends_them_unsigned() {
     let dir = TempDir::new().unwrap();
     let data = dir.path().join("data");
-    let (received, url) = start_receiver().await;
+    let (received, url) = Receiver::start().await;
     let server = Server::start(&data, dir.path()).await;
     let security = json!({"blocked_cidr_ranges": [], "allow_http": true});
     let put = reqwest::Method::PUT;
@@ -114,7 +92,7 @@ async fn a_lost_webhook_key_fails_deliveries_and_never_sends_them_unsigned() {
     create_budget(&server, "tenant:acme/workspace:before").await;
     wait_deliveries(&server, &id, |d| d.iter().any(|d| d["status"] == "SUCCESS")).await;
     {
-        let got = received.lock().unwrap();
+        let got = received.headers();
         assert_eq!(got.len(), 1);
         assert!(got[0].contains_key("x-cycles-signature"));
         assert_eq!(got[0]["x-team"], "blue");
@@ -154,7 +132,7 @@ async fn a_lost_webhook_key_fails_deliveries_and_never_sends_them_unsigned() {
         .unwrap()
         .contains("cannot be opened"));
     assert_eq!(
-        received.lock().unwrap().len(),
+        received.headers().len(),
         1,
         "nothing more reached the receiver"
     );
