@@ -84,35 +84,74 @@ pub fn list_snapshots(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     list_numbered(dir, "snapshot-", ".bin")
 }
 
-/// Takes group and other permissions away from `dir` and the files in it (`0700`, `0600`),
-/// as they are created: a directory restored from a copy, or made by hand, may have been
-/// left readable by others. Answers how many entries it changed.
+/// What [`make_private`] found and did.
+#[derive(Debug, Default)]
+pub struct Privacy {
+    /// The server's own files it took group and other permissions from.
+    pub tightened: usize,
+    /// Whether the directory itself is open to group or others (left as it is: it may
+    /// be shared, or not the server's own).
+    pub open_dir: bool,
+    /// A file it could not change (not its owner): left as it is.
+    pub refused: Option<io::Error>,
+}
+
+/// Takes group and other permissions away from the server's own files in `dir` (its
+/// journal, snapshots, history, keys and lock), as they are created: a directory restored
+/// from a copy may have left them readable by others. Other files, and the directory
+/// itself, are only looked at; nothing here stops a start.
 #[cfg(unix)]
-pub fn make_private(dir: &Path) -> io::Result<usize> {
+pub fn make_private(dir: &Path) -> Privacy {
     use std::os::unix::fs::PermissionsExt;
-    let mut changed = 0;
-    let mut restrict = |path: &Path, mode: u32| -> io::Result<()> {
-        let permissions = fs::symlink_metadata(path)?.permissions();
-        if permissions.mode() & 0o077 != 0 {
-            fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
-            changed += 1;
-        }
-        Ok(())
+    let open = |mode: u32| mode & 0o077 != 0;
+    let mut privacy = Privacy {
+        open_dir: fs::metadata(dir).is_ok_and(|m| open(m.permissions().mode())),
+        ..Privacy::default()
     };
-    restrict(dir, 0o700)?;
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            restrict(&entry.path(), 0o600)?;
+    let Ok(entries) = fs::read_dir(dir) else {
+        return privacy;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = ["journal-", "snapshot-", "history.sqlite"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || ["admin.key", "webhook.key", "LOCK"].contains(&name.as_ref());
+        let Ok(meta) = entry.metadata() else { continue };
+        let mode = meta.permissions().mode();
+        if !ours || !meta.is_file() || !open(mode) {
+            continue;
+        }
+        match fs::set_permissions(entry.path(), fs::Permissions::from_mode(mode & 0o700)) {
+            Ok(()) => privacy.tightened += 1,
+            Err(e) => privacy.refused = Some(e),
         }
     }
-    Ok(changed)
+    privacy
 }
 
 /// Elsewhere, permissions are left as they are.
 #[cfg(not(unix))]
-pub fn make_private(_dir: &Path) -> io::Result<usize> {
-    Ok(0)
+pub fn make_private(_dir: &Path) -> Privacy {
+    Privacy::default()
+}
+
+/// Says what [`make_private`] did and found, at start.
+pub fn report_privacy(dir: &Path, privacy: &Privacy) {
+    if privacy.tightened > 0 {
+        tracing::warn!(dir = %dir.display(), files = privacy.tightened,
+            "files of the data directory were readable by others: made owner-only");
+    }
+    if let Some(e) = &privacy.refused {
+        tracing::warn!(dir = %dir.display(), error = %e,
+            "a file of the data directory is readable by others and could not be changed");
+    }
+    if privacy.open_dir {
+        tracing::warn!(dir = %dir.display(),
+            "the data directory is open to other users, and it holds every tenant's data: \
+             chmod 700 it");
+    }
 }
 
 /// Makes a directory entry change (create, rename, delete) durable.
@@ -137,29 +176,32 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn a_directory_left_readable_by_others_is_made_private() {
+    fn the_servers_files_left_readable_by_others_are_made_private() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("temp dir");
         let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o777;
         let set = |path: &Path, mode: u32| {
             fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap()
         };
-        let (open, private) = (
-            dir.path().join("history.sqlite"),
-            dir.path().join("admin.key"),
-        );
-        fs::write(&open, b"x").unwrap();
-        fs::write(&private, b"x").unwrap();
+        let path = |name: &str| dir.path().join(name);
+        for (name, m) in [
+            ("history.sqlite", 0o644),
+            ("admin.key", 0o600),
+            ("run.sh", 0o755),
+        ] {
+            fs::write(path(name), b"x").unwrap();
+            set(&path(name), m);
+        }
         set(dir.path(), 0o755);
-        set(&open, 0o644);
-        set(&private, 0o600);
-        assert_eq!(make_private(dir.path()).unwrap(), 2);
+        let privacy = make_private(dir.path());
+        assert_eq!((privacy.tightened, privacy.open_dir), (1, true));
+        assert!(privacy.refused.is_none());
+        assert_eq!(mode(&path("history.sqlite")), 0o600);
+        assert_eq!(mode(&path("admin.key")), 0o600);
+        assert_eq!(mode(&path("run.sh")), 0o755, "not the server's: left alone");
+        assert_eq!(mode(dir.path()), 0o755, "the directory is only reported");
         assert_eq!(
-            (mode(dir.path()), mode(&open), mode(&private)),
-            (0o700, 0o600, 0o600)
-        );
-        assert_eq!(
-            make_private(dir.path()).unwrap(),
+            make_private(dir.path()).tightened,
             0,
             "nothing left to change"
         );

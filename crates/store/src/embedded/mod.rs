@@ -8,7 +8,7 @@ mod commit;
 mod faults;
 pub use faults::{DiskFault, DiskFaults};
 mod files;
-pub use files::{create_private_dir, lock_dir, make_private, private_file};
+pub use files::{create_private_dir, lock_dir, make_private, private_file, report_privacy};
 pub mod journal;
 mod recovery;
 pub mod snapshot;
@@ -286,14 +286,7 @@ fn open_durable(
     let dir = &config.data_dir;
     create_private_dir(dir)?;
     let lock = lock_dir(dir)?;
-    let opened_up = make_private(dir)?;
-    if opened_up > 0 {
-        tracing::warn!(
-            dir = %dir.display(),
-            entries = opened_up,
-            "the data directory or files in it were readable by others: made owner-only"
-        );
-    }
+    report_privacy(dir, &make_private(dir));
     let projector = Projector::open_embedded(Some(dir), config.retention, config.clock.clone())?;
     let held = projector.history().held_seq()?;
     let mut backlog = Vec::new();
@@ -565,12 +558,12 @@ fn metric(name: &'static str, help: &'static str, counter: bool, value: u64) -> 
     }
 }
 
-/// Recovers a data directory read-only and checks the ledger's rules on the result.
 /// Whether `dir` holds a ledger: a journal segment or a snapshot.
 pub fn holds_ledger(dir: &Path) -> io::Result<bool> {
     Ok(!files::list_segments(dir)?.is_empty() || !files::list_snapshots(dir)?.is_empty())
 }
 
+/// Recovers a data directory read-only and checks the ledger's rules on the result.
 pub fn verify(dir: &Path) -> io::Result<(Recovered, Vec<ledger::Violation>)> {
     // A mistyped path is an empty directory, whose empty ledger would verify.
     if !holds_ledger(dir)? {

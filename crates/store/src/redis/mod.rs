@@ -179,7 +179,8 @@ impl RedisStore {
             .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
         crate::embedded::create_private_dir(&config.history_dir)?;
         let lock = crate::embedded::lock_dir(&config.history_dir)?;
-        crate::embedded::make_private(&config.history_dir)?;
+        let privacy = crate::embedded::make_private(&config.history_dir);
+        crate::embedded::report_privacy(&config.history_dir, &privacy);
         // A cache of the log: what an earlier run left may be another ledger's.
         for suffix in ["", "-wal", "-shm"] {
             let path = config
