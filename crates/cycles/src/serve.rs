@@ -641,9 +641,7 @@ fn webhook_keys(data_dir: &Path, given: Option<&str>) -> anyhow::Result<Vec<[u8;
             return Ok(keys);
         }
     }
-    let holds_a_ledger = fs::read_dir(data_dir)
-        .is_ok_and(|mut entries| entries.any(|e| e.is_ok_and(|e| e.file_name() != ADMIN_KEY_FILE)));
-    if holds_a_ledger {
+    if store::embedded::holds_ledger(data_dir).unwrap_or(false) {
         tracing::warn!(
             path = %path.display(),
             "no webhook key in a data directory that holds a ledger: a new one is made; the \

@@ -92,7 +92,8 @@ fn check_scope_filter(scope_filter: &Option<Vec<String>>) -> Result<(), ApiError
         });
         if !valid {
             return Err(ApiError::invalid(format!(
-                "scope_filter[]: '{f}' is not level:value or level:* (levels: {})",
+                "scope_filter[]: '{f}' is not one scope segment, level:value or level:* \
+                 (e.g. workspace:eng, agent:*; levels: {})",
                 ledger::SCOPE_LEVELS.join(", ")
             )));
         }

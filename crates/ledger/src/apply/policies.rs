@@ -333,6 +333,9 @@ fn check_pattern(pattern: &str, tenant_id: &str) -> Result<(), Rejection> {
             if segments.peek().is_some() {
                 return Err(invalid("may have a bare * only as its last segment".into()));
             }
+            if last_level + 1 == SCOPE_LEVELS.len() {
+                return Err(invalid("has a * below toolset, where no scope goes".into()));
+            }
             break;
         }
         let Some((level, value)) = segment.split_once(':') else {

@@ -439,6 +439,7 @@ async fn a_pattern_that_could_never_match_is_refused(engine: Engine) {
         "tenant:acme/workspace:a/workspace:b",
         "tenant:acme/agent:",
         "tenant:acme/tenant:acme",
+        "tenant:acme/toolset:x/*",
         "tenant:acme-corp/*",
         "workspace:eng",
     ] {
