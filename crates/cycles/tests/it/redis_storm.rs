@@ -22,6 +22,7 @@ use tempfile::TempDir;
 
 use crate::ledger_http::{assert_ledger_ok, call, provision, redis_url, topology, try_call};
 use crate::process::{client, RedisServe, Server};
+use crate::receiver::Receiver;
 
 const INSTANCES: usize = 3;
 const CLIENTS: usize = 200;
@@ -583,7 +584,9 @@ async fn instances_keep_every_clients_own_budget_exact() {
 
 /// Every instance runs a webhook dispatcher over the one ledger: each delivery is claimed
 /// before it is sent, so an event funded through any instance reaches its receiver once
-/// (it reached it up to three times, once per instance that took it).
+/// (it reached it up to three times, once per instance that took it), and a subscription's
+/// events arrive one at a time, in order, although its receiver is slow enough for every
+/// instance to find some of them due while another is sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instances_deliver_each_event_once() {
     const FUNDINGS: usize = 30;
@@ -591,7 +594,7 @@ async fn instances_deliver_each_event_once() {
         return;
     };
     let fleet = fleet(url, false, "webhooks", Writes::Turns, &[]).await;
-    let (received, hook) = crate::receiver::Receiver::start().await;
+    let (received, hook) = Receiver::start_slow(Duration::from_millis(30)).await;
     let first = &fleet.bases[0];
     let security = json!({"blocked_cidr_ranges": [], "allow_http": true});
     let put = client()
@@ -632,9 +635,21 @@ async fn instances_deliver_each_event_once() {
     }
     // Time for a second copy of any of them, from another instance, to arrive.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let received = received.by_event();
-    let twice: Vec<_> = received.iter().filter(|(_, n)| **n > 1).collect();
-    assert_eq!(received.len(), FUNDINGS);
+    let counts = received.by_event();
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert_eq!(counts.len(), FUNDINGS);
     assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    let arrived = received.events();
+    let mut in_order = arrived.clone();
+    in_order.sort();
+    assert_eq!(
+        arrived, in_order,
+        "event ids grow with time: they came out of order"
+    );
+    assert_eq!(
+        received.most_at_once(),
+        1,
+        "one subscription's deliveries overlapped"
+    );
     assert_ledger_ok(&fleet.ledger);
 }

@@ -144,6 +144,10 @@ pub struct DueDeliveries {
     /// Subscriptions whose deliveries are being sent: theirs are passed over, so one
     /// subscription's backlog never hides the others'.
     pub skip: Vec<String>,
+    /// How long a claimed delivery is held (see [`ClaimDelivery`]), where deliveries are
+    /// claimed: a subscription's deliveries after one that is held wait for it, so its
+    /// first attempts go out in order whichever instance sends them.
+    pub hold_ms: Option<u64>,
 }
 
 pub type DueDelivery = (Arc<Delivery>, Arc<WebhookSubscription>);
@@ -172,10 +176,11 @@ pub struct RecordAttempt {
 /// before each send after a lane's first, so a pause, a delete or an auto-disable since the
 /// lane was taken stops the rest of it.
 ///
-/// With `hold_ms` it is also claimed: its next attempt is put off by that long, so another
-/// dispatcher on the same ledger (the Redis engine's other instances) does not take it
-/// meanwhile, and of two that took it, only the first to claim it sends it. Its attempt, or
-/// the hold running out (its dispatcher gone), makes it due again.
+/// With `hold_ms` it is also claimed, for that long: it is stamped attempted now (its place
+/// among the due deliveries unchanged), so another dispatcher on the same ledger (the Redis
+/// engine's other instances) passes over it and the subscription's later deliveries, and of
+/// two that took it only the first to claim it sends it. Its attempt ends the hold; a hold
+/// that runs out (its dispatcher gone) leaves it due again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimDelivery {
     pub delivery_id: String,
@@ -532,7 +537,14 @@ impl Tx<'_> {
             .take_while(|(at, _)| *at <= now)
             .filter(|(_, subscription)| !skip.contains(subscription.as_str()))
             .filter_map(|(_, subscription)| webhooks.due_by_subscription.get(subscription))
-            .flat_map(|due| due.iter().take_while(|(at, _)| *at <= now));
+            .flat_map(|due| {
+                due.iter().take_while(|(at, id)| {
+                    *at <= now
+                        && !op.hold_ms.is_some_and(|hold_ms| {
+                            webhooks.due.get(id).is_some_and(|d| held(d, hold_ms, now))
+                        })
+                })
+            });
         let mut due = Vec::new();
         for (_, id) in waiting {
             if due.len() == op.limit {
@@ -581,9 +593,12 @@ impl Tx<'_> {
             return Ok(false);
         }
         if let Some(hold_ms) = op.hold_ms {
-            let mut held = (**d).clone();
-            held.next_attempt_at_ms = self.now.saturating_add(hold_ms as Millis);
-            self.put(Effect::PutDelivery(Arc::new(held)));
+            if held(d, hold_ms, self.now) {
+                return Ok(false);
+            }
+            let mut claimed = (**d).clone();
+            claimed.attempted_at_ms = Some(self.now);
+            self.put(Effect::PutDelivery(Arc::new(claimed)));
         }
         Ok(true)
     }
@@ -831,4 +846,11 @@ fn lifecycle_data(
         data["new_status"] = upper(n).into();
     }
     data
+}
+/// Whether a delivery is claimed by a dispatcher, for `hold_ms` from its claim: stamped
+/// attempted at or after it fell due, and not long ago. An attempt recorded since stamps it
+/// before its next due time (or ends it), so it is held no more.
+fn held(d: &Delivery, hold_ms: u64, now: Millis) -> bool {
+    d.attempted_at_ms
+        .is_some_and(|at| at >= d.next_attempt_at_ms && now < at.saturating_add(hold_ms as Millis))
 }

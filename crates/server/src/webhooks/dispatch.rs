@@ -19,7 +19,7 @@ use ledger::{
     RecordAttempt, WebhookSubscription,
 };
 use protocol::webhook::EventResponse;
-use store::{Engine, Load, Store};
+use store::{Engine, Load, Store, StoreError};
 use tokio::sync::{Notify, Semaphore};
 
 use crate::task::Background;
@@ -32,10 +32,17 @@ const BATCH: usize = 1024;
 const CONCURRENT_SUBSCRIPTIONS: usize = 64;
 /// How often the store is asked for due deliveries when the last look found none.
 const IDLE_POLL: Duration = Duration::from_millis(50);
-/// How long a claimed delivery is put off for the other instances: longer than an attempt
-/// can take (a connect and the request's whole timeout), so it is recorded first; if this
-/// instance dies with it claimed, another sends it once this has passed.
-const CLAIM_HOLD: Duration = REQUEST_TIMEOUT.saturating_add(Duration::from_secs(10));
+/// How long a claimed delivery is held from the other instances: well over what an attempt
+/// can take (the URL's lookup, the request's whole timeout, recording it), so it is
+/// recorded first; if this instance dies with it claimed, another sends it once this has
+/// passed.
+const CLAIM_HOLD: Duration = Duration::from_secs(120);
+
+/// How long a claimed delivery is held, where deliveries are claimed: on the Redis engine,
+/// whose instances all dispatch from the one ledger (see [`ClaimDelivery`]).
+fn claim_hold(store: &Engine) -> Option<u64> {
+    matches!(store, Engine::Redis(_)).then_some(CLAIM_HOLD.as_millis() as u64)
+}
 
 /// What the dispatcher has done since the start, for `/metrics`.
 #[derive(Debug, Default)]
@@ -128,7 +135,14 @@ async fn next_batch(
         .cloned()
         .collect();
     let due: Vec<DueDelivery> = store
-        .execute(DueDeliveries { limit: BATCH, skip }, Load::Busy)
+        .execute(
+            DueDeliveries {
+                limit: BATCH,
+                skip,
+                hold_ms: claim_hold(store),
+            },
+            Load::Busy,
+        )
         .await
         .map_err(|e| e.to_string())?
         .result
@@ -206,9 +220,7 @@ async fn serve_lane(
     counters: &DispatchCounters,
     lane: Vec<Job>,
 ) {
-    // Where several instances dispatch from one ledger, each delivery is claimed before it
-    // is sent, so only one of them sends it.
-    let hold_ms = matches!(**store, Engine::Redis(_)).then_some(CLAIM_HOLD.as_millis() as u64);
+    let hold_ms = claim_hold(store);
     for (i, job) in lane.into_iter().enumerate() {
         let id = job.delivery.delivery_id.clone();
         if i > 0 || hold_ms.is_some() {
@@ -219,13 +231,16 @@ async fn serve_lane(
             };
             let pending = match store.execute(claim, Load::Busy).await {
                 Ok(applied) => applied.result.map_err(|e| e.to_string()),
+                // Recorded, most likely, but not acknowledged (Redis short of the replicas
+                // asked for): sent anyway, at worst twice, rather than held back.
+                Err(StoreError::OutcomeUnknown(_)) => Ok(true),
                 Err(e) => Err(e.to_string()),
             };
             match pending {
                 Ok(true) => {}
-                // Cancelled, or claimed by another instance, meanwhile; the next look at the
-                // store fails it, finds it gone or finds it attempted.
-                Ok(false) => continue,
+                // Cancelled, or claimed by another instance, meanwhile: so are the lane's
+                // later deliveries, or they must wait for it; the next look decides.
+                Ok(false) => return,
                 Err(why) => {
                     tracing::warn!(delivery = %id, %why, "webhook lane stopped; it is taken again later");
                     return;

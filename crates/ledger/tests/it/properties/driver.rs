@@ -622,6 +622,7 @@ impl Driver {
             Op::DueDeliveries => Command::DueDeliveries(DueDeliveries {
                 limit: 100,
                 skip: Vec::new(),
+                hold_ms: None,
             }),
             Op::Attempt { pick, success } => {
                 let due = self.state.to_snapshot().deliveries;
