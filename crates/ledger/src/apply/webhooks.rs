@@ -847,6 +847,7 @@ fn lifecycle_data(
     }
     data
 }
+
 /// Whether a delivery is claimed by a dispatcher, for `hold_ms` from its claim: stamped
 /// attempted at or after it fell due, and not long ago. An attempt recorded since stamps it
 /// before its next due time (or ends it), so it is held no more.

@@ -5,11 +5,11 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::properties::model::{apply, Command, Outcome, Step as Applied};
 use ledger::{
-    Action, Actor, Attempt, BudgetFilter, BulkBudgets, BulkTenants, Commit, CreateWebhook, Decide,
-    DueDeliveries, EventCategory, EventType, Extend, Funding, Idempotency, Millis, NewApiKey,
-    NewBudget, NewTenant, NewWebhook, RecordAttempt, RecordEvent, Release, Reserve, RetryPolicy,
-    State, Subject, TenantFilter, TenantPatch, Unit, UpdateWebhook, WebhookPatch, WebhookPlane,
-    WebhookStatus, TERMINAL_RETENTION_MS,
+    Action, Actor, Attempt, BudgetFilter, BulkBudgets, BulkTenants, ClaimDelivery, Commit,
+    CreateWebhook, Decide, DueDeliveries, EventCategory, EventType, Extend, Funding, Idempotency,
+    Millis, NewApiKey, NewBudget, NewTenant, NewWebhook, RecordAttempt, RecordEvent, Release,
+    Reserve, RetryPolicy, State, Subject, TenantFilter, TenantPatch, Unit, UpdateWebhook,
+    WebhookPatch, WebhookPlane, WebhookStatus, TERMINAL_RETENTION_MS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -191,6 +191,10 @@ fn watchers() -> Vec<Command> {
 }
 
 /// The setup's webhook subscriptions.
+/// How long the sequences' claims hold a delivery (the Redis engine's dispatchers hold one
+/// for two minutes; the sequences' clock moves in seconds to days).
+const CLAIM_HOLD_MS: u64 = 30_000;
+
 pub const SUBSCRIPTIONS: [&str; 2] = ["w-tenant", "w-system"];
 
 /// The idempotency namespace of a request, as the protocol defines it: operations on a
@@ -619,11 +623,23 @@ impl Driver {
                     ..WebhookPatch::default()
                 },
             }),
-            Op::DueDeliveries => Command::DueDeliveries(DueDeliveries {
+            Op::DueDeliveries { claimed } => Command::DueDeliveries(DueDeliveries {
                 limit: 100,
                 skip: Vec::new(),
-                hold_ms: None,
+                hold_ms: claimed.then_some(CLAIM_HOLD_MS),
             }),
+            Op::Claim { pick } => {
+                let due = self.state.to_snapshot().deliveries;
+                if due.is_empty() {
+                    return None;
+                }
+                let d = &due[pick.index(due.len())];
+                Command::ClaimDelivery(ClaimDelivery {
+                    delivery_id: d.delivery_id.clone(),
+                    attempts: d.attempts,
+                    hold_ms: Some(CLAIM_HOLD_MS),
+                })
+            }
             Op::Attempt { pick, success } => {
                 let due = self.state.to_snapshot().deliveries;
                 if due.is_empty() {

@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use ledger::{
     Actor, ApiKey, Applied, ArchiveLookup, Archived, Budget, BulkBudgets, BulkResult, BulkTenants,
-    Commit, CommitResult, CreateApiKey, CreateBudget, CreateTenant, CreateWebhook, Decide,
-    DecideResult, Delivery, DueDeliveries, Effect, EventResult, Extend, ExtendResult, Found,
-    FundBudget, FundResult, Funding, Idempotent, Maintain, Millis, NewApiKey, NewBudget, NewTenant,
-    Origin, RecordAttempt, RecordEvent, Release, ReleaseResult, Reserve, ReserveResult, State,
-    Tenant, TenantPatch, UpdateTenant, UpdateWebhook, WebhookSubscription,
+    ClaimDelivery, Commit, CommitResult, CreateApiKey, CreateBudget, CreateTenant, CreateWebhook,
+    Decide, DecideResult, Delivery, DueDeliveries, Effect, EventResult, Extend, ExtendResult,
+    Found, FundBudget, FundResult, Funding, Idempotent, Maintain, Millis, NewApiKey, NewBudget,
+    NewTenant, Origin, RecordAttempt, RecordEvent, Release, ReleaseResult, Reserve, ReserveResult,
+    State, Tenant, TenantPatch, UpdateTenant, UpdateWebhook, WebhookSubscription,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +58,7 @@ pub enum Command {
     UpdateWebhook(UpdateWebhook),
     /// The dispatcher asking for work: fails what is no longer deliverable.
     DueDeliveries(DueDeliveries),
+    ClaimDelivery(ClaimDelivery),
     RecordAttempt(RecordAttempt),
 }
 
@@ -106,6 +107,7 @@ pub enum Outcome {
     },
     Webhook(Arc<WebhookSubscription>),
     Due(usize),
+    Claimed(bool),
     Attempted(Option<Arc<Delivery>>),
     Tenant(Tenant),
     ApiKey(ApiKey),
@@ -275,6 +277,7 @@ pub fn apply(state: &mut State, command: Command, now: Millis) -> Step {
         Command::CreateWebhook(op) => run(state, op, now, Outcome::Webhook),
         Command::UpdateWebhook(op) => run(state, op, now, Outcome::Webhook),
         Command::DueDeliveries(op) => run(state, op, now, |due| Outcome::Due(due.len())),
+        Command::ClaimDelivery(op) => run(state, op, now, Outcome::Claimed),
         Command::RecordAttempt(op) => run(state, op, now, Outcome::Attempted),
     }
 }

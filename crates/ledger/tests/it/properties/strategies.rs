@@ -162,8 +162,14 @@ pub enum Op {
         subscription: usize,
         active: bool,
     },
-    /// The dispatcher: asks for due work, or records an attempt of a due delivery.
-    DueDeliveries,
+    /// The dispatcher: asks for due work (as the Redis engine's do, passing over claimed
+    /// deliveries, when `claimed`), claims a due delivery, or records an attempt of one.
+    DueDeliveries {
+        claimed: bool,
+    },
+    Claim {
+        pick: Index,
+    },
     Attempt {
         pick: Index,
         success: bool,
@@ -393,7 +399,8 @@ fn op() -> impl Strategy<Value = Op> {
     let webhooks = prop_oneof![
         1 => (0..2usize, any::<bool>())
             .prop_map(|(subscription, active)| Op::WebhookStatus { subscription, active }),
-        1 => Just(Op::DueDeliveries),
+        1 => any::<bool>().prop_map(|claimed| Op::DueDeliveries { claimed }),
+        1 => any::<Index>().prop_map(|pick| Op::Claim { pick }),
         3 => (any::<Index>(), prop::bool::weighted(0.7))
             .prop_map(|(pick, success)| Op::Attempt { pick, success }),
     ];

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use crate::properties::model::{Command, Outcome};
 use ledger::{
     level_of, ActorKind, ApiKeyStatus, Budget, BudgetKey, Delivery, DeliveryStatus, Effect, Event,
-    EventType, Level, WebhookStatus, WebhookSubscription, DEFAULT_UTILIZATION_LEVELS,
+    EventType, Level, Millis, WebhookStatus, WebhookSubscription, DEFAULT_UTILIZATION_LEVELS,
     MAX_DELIVERY_AGE_MS,
 };
 use proptest::prelude::*;
@@ -52,19 +52,79 @@ pub fn check_events(step: &Step) -> Result<(), TestCaseError> {
     check_routing(step, &events, &subscriptions)?;
     check_threshold_crossings(step, &events, &subscriptions)?;
     check_key_expiry(step, &events)?;
-    check_stale_deliveries(step)
+    check_stale_deliveries(step)?;
+    check_claims(step)
+}
+
+/// A claim takes a due delivery in place: stamped attempted now, still due where it was,
+/// nothing else changed; a refused claim changes nothing. A delivery just claimed cannot
+/// be claimed again.
+fn check_claims(step: &Step) -> Result<(), TestCaseError> {
+    let (Command::ClaimDelivery(claim), Ok(Outcome::Claimed(taken))) =
+        (step.command, &step.applied.result)
+    else {
+        return Ok(());
+    };
+    if !taken {
+        prop_assert!(
+            step.applied.effects.is_empty(),
+            "a refused claim changed something"
+        );
+        return Ok(());
+    }
+    let find = |state: &ledger::State| {
+        state
+            .to_snapshot()
+            .deliveries
+            .into_iter()
+            .find(|d| d.delivery_id == claim.delivery_id)
+    };
+    let (Some(before), Some(after)) = (find(step.before), find(step.after)) else {
+        return Err(TestCaseError::fail(
+            "a claimed delivery is not due before and after",
+        ));
+    };
+    prop_assert_eq!(after.attempted_at_ms, Some(step.now));
+    prop_assert_eq!(
+        Delivery {
+            attempted_at_ms: before.attempted_at_ms,
+            ..after
+        },
+        before
+    );
+    let mut again = step.after.clone();
+    let twice = ledger::apply(&mut again, claim.clone(), step.now);
+    prop_assert_eq!(twice.result, Ok(false), "claimed twice");
+    Ok(())
 }
 
 /// Once the dispatcher has asked for everything due, nothing due is over a day old: a
-/// stale delivery is failed, not sent.
+/// stale delivery is failed, not sent. A look that passes over claimed deliveries passes
+/// over the rest of their subscriptions' too (they wait for the claim), so those are left
+/// for a later look.
 fn check_stale_deliveries(step: &Step) -> Result<(), TestCaseError> {
     let (Command::DueDeliveries(ask), Ok(Outcome::Due(n))) = (step.command, &step.applied.result)
     else {
         return Ok(());
     };
+    let due = step.after.to_snapshot().deliveries;
+    let waiting: BTreeSet<&str> = match ask.hold_ms {
+        None => BTreeSet::new(),
+        Some(hold_ms) => due
+            .iter()
+            .filter(|d| {
+                d.attempted_at_ms.is_some_and(|at| {
+                    at >= d.next_attempt_at_ms && step.now < at.saturating_add(hold_ms as Millis)
+                })
+            })
+            .map(|d| d.subscription_id.as_str())
+            .collect(),
+    };
     if *n < ask.limit {
-        let stale = step.after.to_snapshot().deliveries.into_iter().find(|d| {
-            d.next_attempt_at_ms <= step.now && step.now - d.created_at_ms > MAX_DELIVERY_AGE_MS
+        let stale = due.iter().find(|d| {
+            d.next_attempt_at_ms <= step.now
+                && step.now - d.created_at_ms > MAX_DELIVERY_AGE_MS
+                && !waiting.contains(d.subscription_id.as_str())
         });
         prop_assert!(stale.is_none(), "still due, and stale: {:?}", stale);
     }
@@ -78,12 +138,19 @@ fn check_routing(
     events: &[&Event],
     subscriptions: &[WebhookSubscription],
 ) -> Result<(), TestCaseError> {
+    let due_before = step.before.to_snapshot().deliveries;
+    let before: BTreeSet<&str> = due_before.iter().map(|d| d.delivery_id.as_str()).collect();
     let created: Vec<&Delivery> = step
         .applied
         .effects
         .iter()
         .filter_map(|e| match e {
-            Effect::PutDelivery(d) if d.attempts == 0 && d.status == DeliveryStatus::Pending => {
+            // New ones: a claim puts a delivery that was there already.
+            Effect::PutDelivery(d)
+                if d.attempts == 0
+                    && d.status == DeliveryStatus::Pending
+                    && !before.contains(d.delivery_id.as_str()) =>
+            {
                 Some(&**d)
             }
             _ => None,
