@@ -83,12 +83,7 @@ fn check_scope_filter(scope_filter: &Option<Vec<String>>) -> Result<(), ApiError
         let valid = f.split_once(':').is_some_and(|(level, value)| {
             let level = level.to_lowercase();
             ledger::SCOPE_LEVELS.contains(&level.as_str())
-                && (value == "*"
-                    || (!value.is_empty()
-                        && value.len() <= 128
-                        && value
-                            .bytes()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))))
+                && (value == "*" || ledger::valid_scope_value(value))
         });
         if !valid {
             return Err(ApiError::invalid(format!(

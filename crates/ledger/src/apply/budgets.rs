@@ -554,7 +554,7 @@ pub(crate) fn canonical_budget_scope(scope: &str, tenant_id: &str) -> Result<Str
 }
 
 /// Whether `value` may be a scope segment's value: 1-128 characters of `[A-Za-z0-9_.-]`.
-pub(crate) fn valid_scope_value(value: &str) -> bool {
+pub fn valid_scope_value(value: &str) -> bool {
     (1..=128).contains(&value.len())
         && value
             .bytes()

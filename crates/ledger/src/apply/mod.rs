@@ -34,9 +34,9 @@ pub use api_keys::{
 };
 pub use auth::{Actor, Authenticate, Authorize, Principal};
 pub use budgets::{
-    utilization_ppb, BudgetFilter, BudgetListQuery, BudgetOrder, BudgetPatch, BudgetSort,
-    CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget, NewBudget, SetBudgetFrozen,
-    UpdateBudget,
+    utilization_ppb, valid_scope_value, BudgetFilter, BudgetListQuery, BudgetOrder, BudgetPatch,
+    BudgetSort, CreateBudget, FundBudget, Funding, ListBudgets, LookupBudget, NewBudget,
+    SetBudgetFrozen, UpdateBudget,
 };
 pub use bulk::{BulkBudgets, BulkTenants, BulkWebhooks, WebhookAction, BULK_LIMIT};
 pub use decide::Decide;

@@ -90,22 +90,6 @@ fn assert_refused(r: &Resp, status: u16, code: &str, what: &str) {
     }
 }
 
-/// Creates an API key (admin) with extra fields; returns `(key_id, secret)`.
-async fn create_key(s: &TestServer, tenant: &str, extra: Value) -> (String, String) {
-    let mut body = json!({"tenant_id": tenant, "name": "test"});
-    if let Value::Object(extra) = extra {
-        for (k, v) in extra {
-            body[k] = v;
-        }
-    }
-    let r = s.post("/v1/admin/api-keys", As::Admin, body).await;
-    let b = r.expect(201, None);
-    (
-        b["key_id"].as_str().expect("key_id").to_string(),
-        b["key_secret"].as_str().expect("secret").to_string(),
-    )
-}
-
 /// Sends a request carrying a wrong `X-Admin-API-Key` (the harness only sends the right one).
 async fn with_wrong_admin_key(
     s: &TestServer,
@@ -179,8 +163,8 @@ async fn missing_or_invalid_key_is_unauthorized(engine: Engine) {
 async fn revoked_key_stops_working_at_once(engine: Engine) {
     let s = TestServer::start(engine).await;
     s.setup("acme", 1_000_000).await;
-    let (old_id, old) = create_key(&s, "acme", json!({})).await;
-    let (_, new) = create_key(&s, "acme", json!({})).await;
+    let (old, old_id) = s.key_with("acme", json!({})).await;
+    let (new, _) = s.key_with("acme", json!({})).await;
     let id = reserve(&s, &old, "acme").await;
 
     let revoke = format!("/v1/admin/api-keys/{old_id}?reason=rotated");
@@ -419,7 +403,9 @@ async fn balances_are_tenant_scoped(engine: Engine) {
 async fn missing_permission_is_forbidden(engine: Engine) {
     let s = TestServer::start(engine).await;
     let full = s.setup("acme", 1_000_000).await;
-    let (_, reader) = create_key(&s, "acme", json!({"permissions": ["balances:read"]})).await;
+    let (reader, _) = s
+        .key_with("acme", json!({"permissions": ["balances:read"]}))
+        .await;
     let id = reserve(&s, &full, "acme").await;
     let before = root_ledger(&s, "acme").await;
     for op in RUNTIME_OPS {
@@ -433,8 +419,9 @@ async fn missing_permission_is_forbidden(engine: Engine) {
     assert_eq!(root_ledger(&s, "acme").await, before);
     assert_eq!(status_of(&s, &id).await, "ACTIVE");
     // A key that may only create reservations cannot settle them or read balances.
-    let (_, creator) =
-        create_key(&s, "acme", json!({"permissions": ["reservations:create"]})).await;
+    let (creator, _) = s
+        .key_with("acme", json!({"permissions": ["reservations:create"]}))
+        .await;
     let mine = reserve(&s, &creator, "acme").await;
     for op in ["commit", "release", "extend", "balances"] {
         let r = call(&s, As::Key(&creator), op, "acme", &mine).await;
@@ -446,7 +433,7 @@ async fn missing_permission_is_forbidden(engine: Engine) {
 async fn admin_only_endpoints_refuse_tenant_keys(engine: Engine) {
     let s = TestServer::start(engine).await;
     let key = s.setup("acme", 1_000_000).await;
-    let (key_id, _) = create_key(&s, "acme", json!({})).await;
+    let (_, key_id) = s.key_with("acme", json!({})).await;
     let requests = [
         (
             Method::POST,
