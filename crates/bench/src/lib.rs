@@ -22,6 +22,7 @@ mod suite;
 mod svg;
 mod text;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -294,12 +295,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<Report> {
 
 fn write_outputs(report: &Report, out: &Path) -> anyhow::Result<()> {
     let table = text::render(report);
-    println!("\n{table}");
     let json = serde_json::to_string_pretty(report)?;
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     std::fs::write(out.with_extension("txt"), &table)?;
     std::fs::write(out.with_extension("svg"), svg::render(report))?;
     eprintln!("[bench] wrote {} (and .txt, .svg beside it)", out.display());
+    // Written last: a reader that stops reading (`| head`) does not lose the report.
+    writeln!(std::io::stdout(), "\n{table}")?;
     Ok(())
 }
 
@@ -313,7 +315,7 @@ pub fn load(path: &Path) -> anyhow::Result<Report> {
 fn compare(args: CompareArgs) -> anyhow::Result<()> {
     let (old, new) = (load(&args.old)?, load(&args.new)?);
     let (table, breaches) = compare::compare(&old, &new, args.threshold);
-    println!("{table}");
+    writeln!(std::io::stdout(), "{table}")?;
     if !breaches.is_empty() {
         bail!(
             "{} gating metric(s) regressed beyond {:.0}%: {}",
@@ -336,19 +338,20 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
     };
     let failures = compare::check(&report, &budgets);
     let alloc = |s: Option<stats::Spread>| s.map_or("n/a".into(), |s| format!("{:.1}", s.median));
-    println!(
+    writeln!(
+        std::io::stdout(),
         "allocations per reserve {}, per commit {}; errors {}; ledger mismatches {}",
         alloc(report.resources.allocations_per_reserve),
         alloc(report.resources.allocations_per_commit),
         report.errors(),
         report.ledger_mismatches()
-    );
+    )?;
     if failures.is_empty() {
-        println!("all budgets hold");
+        writeln!(std::io::stdout(), "all budgets hold")?;
         return Ok(());
     }
     for f in &failures {
-        println!("FAIL {f}");
+        writeln!(std::io::stdout(), "FAIL {f}")?;
     }
     bail!("{} budget(s) broken", failures.len())
 }

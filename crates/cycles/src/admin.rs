@@ -11,6 +11,7 @@ use serde::de::{DeserializeOwned, IntoDeserializer};
 use serde_json::Value;
 
 use crate::client::{q, Client, Target, NO_BODY};
+use crate::output::say;
 use crate::table::{self, Column};
 
 #[derive(Args)]
@@ -631,7 +632,7 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
             NO_BODY,
         )?,
     };
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    say!("{}", serde_json::to_string_pretty(&out)?)?;
     Ok(())
 }
 

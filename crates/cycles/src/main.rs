@@ -2,12 +2,14 @@
 
 mod admin;
 mod client;
+mod output;
 mod quickstart;
 mod serve;
 mod table;
 mod verify;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -59,8 +61,18 @@ enum Cmd {
     Bench(bench::BenchCmd),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.chain().any(|cause| cause.is::<output::ReaderGone>()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Serve(args) => serve::run(args),
         Cmd::Admin(args) => admin::run(args),

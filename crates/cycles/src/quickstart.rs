@@ -10,6 +10,7 @@ use protocol::{Action, Amount, Subject, WireUnit};
 use reqwest::Method;
 
 use crate::client::{Client, Target};
+use crate::output::say;
 
 const TENANT: &str = "demo";
 /// $1.00 in USD_MICROCENTS (1 USD = 10^8).
@@ -79,13 +80,13 @@ pub fn run(target: Target) -> anyhow::Result<()> {
     let (status, body) = client.send(Method::POST, "/v1/admin/budgets", Some(&budget))?;
     match status {
         200..=299 => {}
-        409 => println!("(the demo budget already exists; keeping it)"),
+        409 => say!("(the demo budget already exists; keeping it)")?,
         _ => bail!("creating the demo budget failed: HTTP {status}: {body}"),
     }
     let url = target.url.trim_end_matches('/');
     let reservation = serde_json::to_string(&example_reservation())?;
     let commit = serde_json::to_string(&example_commit())?;
-    println!(
+    say!(
         r#"Tenant "{TENANT}" has a $1.00 budget at {scope} (USD_MICROCENTS).
 Its API key (shown once):
 
@@ -114,7 +115,7 @@ Or with the Python SDK (pip install runcycles):
   def answer(question: str) -> str:
       return "..."  # call your model here
 "#
-    );
+    )?;
     Ok(())
 }
 

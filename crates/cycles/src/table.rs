@@ -7,6 +7,8 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::Table;
 use serde_json::Value;
 
+use crate::output::say;
+
 /// A column: its header, and the JSON pointer of its value in a row (`/allocated/amount`).
 pub type Column = (&'static str, &'static str);
 
@@ -14,15 +16,15 @@ pub type Column = (&'static str, &'static str);
 /// else as a JSON array of the whole rows.
 pub fn print(rows: &[Value], columns: &[Column], json: bool) -> anyhow::Result<()> {
     if json || !std::io::stdout().is_terminal() {
-        println!("{}", serde_json::to_string_pretty(rows)?);
+        say!("{}", serde_json::to_string_pretty(rows)?)?;
         return Ok(());
     }
-    println!("{}", render(rows, columns));
-    println!(
+    say!("{}", render(rows, columns))?;
+    say!(
         "{} row{}",
         rows.len(),
         if rows.len() == 1 { "" } else { "s" }
-    );
+    )?;
     Ok(())
 }
 

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::bail;
 
+use crate::output::say;
 use crate::serve::RedisTarget;
 
 pub fn run(data_dir: &Path) -> anyhow::Result<()> {
@@ -12,7 +13,7 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
     }
     let (recovered, violations) = store::embedded::verify(data_dir)?;
     let budgets = recovered.state.budgets().count();
-    println!(
+    say!(
         "snapshot: {}, journal records replayed: {}, last seq: {}, torn tail: {} bytes",
         recovered
             .snapshot_seq
@@ -20,11 +21,11 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
         recovered.records_replayed,
         recovered.last_seq,
         recovered.truncated_bytes
-    );
-    println!(
+    )?;
+    say!(
         "budgets: {budgets}, reservations: {}",
         recovered.state.reservation_count()
-    );
+    )?;
     report(&violations)
 }
 
@@ -39,25 +40,26 @@ pub fn run_redis(target: &RedisTarget) -> anyhow::Result<()> {
     let snapshot = verified
         .snapshot
         .map_or("none".to_string(), |v| format!("up to record {v}"));
-    println!(
+    say!(
         "ledger '{}': snapshot: {snapshot}, log records read after it: {}",
-        target.redis_namespace, verified.records
-    );
-    println!(
+        target.redis_namespace,
+        verified.records
+    )?;
+    say!(
         "budgets: {}, reservations: {}",
         verified.state.budgets().count(),
         verified.state.reservation_count()
-    );
+    )?;
     report(&verified.violations)
 }
 
 fn report(violations: &[ledger::Violation]) -> anyhow::Result<()> {
     if violations.is_empty() {
-        println!("OK: every budget satisfies remaining = allocated - spent - reserved - debt, and reserved equals its ACTIVE holds");
+        say!("OK: every budget satisfies remaining = allocated - spent - reserved - debt, and reserved equals its ACTIVE holds")?;
         return Ok(());
     }
     for v in violations {
-        println!("VIOLATION: {}", v.0);
+        say!("VIOLATION: {}", v.0)?;
     }
     bail!("{} violation(s)", violations.len())
 }

@@ -1,7 +1,7 @@
 //! `cycles admin` against a running server: the list commands (JSON when not on a
 //! terminal, every page followed), key updates and the overview.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
 use tempfile::TempDir;
@@ -214,5 +214,20 @@ async fn admin_lists_update_and_overview() {
         column(&lifecycle, "event_type"),
         ["webhook.deleted", "webhook.paused", "webhook.created"]
     );
+    // A reader that stops reading (`cycles admin tenant list | head -1`) ends the command
+    // quietly: no panic, no failure.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cycles"))
+        .arg("admin")
+        .args(["--url", &server.base, "--admin-key", ADMIN_KEY])
+        .args(["tenant", "list"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cycles admin");
+    drop(child.stdout.take());
+    let output = child.wait_with_output().expect("cycles admin ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}: {stderr}", output.status);
+    assert!(stderr.is_empty(), "{stderr}");
     server.terminate().await;
 }
