@@ -186,6 +186,14 @@ impl Drop for Server {
     }
 }
 
+/// Everything the servers started with `dir` as their log directory have logged so far.
+pub fn logs_in(dir: &Path) -> String {
+    std::fs::read_dir(dir)
+        .expect("log directory")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .collect()
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(20))

@@ -21,7 +21,7 @@ use tempfile::TempDir;
 use crate::ledger_http::{assert_redis_ledger_ok, call, provision, redis_url};
 use crate::process::{
     assert_serve_refused, assert_serve_refused_in_use, assert_verify_ok, client, free_port,
-    RedisServe, Server,
+    logs_in, RedisServe, Server,
 };
 
 const TENANT: &str = "faults";
@@ -188,7 +188,8 @@ async fn recovers(base: &str, within: Duration) {
 struct Rig {
     redis: RedisProcess,
     server: Server,
-    _dir: TempDir,
+    /// The Redis's and the server's directories, the server's log among them.
+    dir: TempDir,
 }
 
 /// Waits until a replica has synced with its primary.
@@ -224,11 +225,7 @@ async fn rig(timeout_ms: &str) -> Rig {
     // once: a new instance reads them from the history streams.
     serve.extra = vec!["--redis-snapshot-records", "500", "--archive-after-ms", "0"];
     let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;
-    Rig {
-        redis,
-        server,
-        _dir: dir,
-    }
+    Rig { redis, server, dir }
 }
 
 /// What one client was told.
@@ -487,6 +484,17 @@ async fn a_flushed_redis_is_never_served() {
     assert!(!ready(&base).await);
     // Nothing was written to the empty Redis: no new ledger appeared in it.
     assert_eq!(rig.redis.cli(&["dbsize"]).trim(), "0");
+    // The webhook dispatcher, refused at every look, backs off and says so once, rather
+    // than at every look (20 a second).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let said = logs_in(rig.dir.path());
+    let warnings = said
+        .matches("webhook dispatch could not read its work")
+        .count();
+    assert!(
+        (1..=2).contains(&warnings),
+        "{warnings} warnings in 3 s of a flushed ledger"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -539,10 +547,7 @@ async fn writes_wait_for_the_replicas_asked_for() {
     std::fs::create_dir_all(&logs).expect("logs dir");
     let alone = Server::start_redis(&logs.join("data"), &logs, &serve).await;
     alone.terminate().await;
-    let said: String = std::fs::read_dir(&logs)
-        .expect("logs")
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .collect();
+    let said = logs_in(&logs);
     assert!(said.contains("fewer replicas connected than --redis-replicas asks for"));
     let mut replica = start_replica(&dir.path().join("replica"), &primary);
     let server = Server::start_redis(&dir.path().join("data"), dir.path(), &serve).await;

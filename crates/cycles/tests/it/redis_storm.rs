@@ -594,7 +594,52 @@ async fn instances_deliver_each_event_once() {
         return;
     };
     let fleet = fleet(url, false, "webhooks", Writes::Turns, &[]).await;
-    let (received, hook) = Receiver::start_slow(Duration::from_millis(30)).await;
+    let received = subscribe(&fleet, Duration::from_millis(30)).await;
+    fund(&fleet.bases, 0..FUNDINGS).await;
+    wait_for_events(&received, FUNDINGS, Duration::from_secs(30)).await;
+    // Time for a second copy of any of them, from another instance, to arrive.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_each_once_in_order(&received, FUNDINGS);
+    assert_ledger_ok(&fleet.ledger);
+}
+
+/// A stop lets the send under way finish and records it, so stopping every instance in
+/// the middle of a subscription's deliveries (a rolling restart) neither sends one twice
+/// nor leaves the rest held for the claim's minute: an instance started after them sends
+/// them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_finishes_its_sends_and_holds_nothing_up() {
+    const FUNDINGS: usize = 8;
+    let Some(url) = redis_url("CYCLES_TEST_REDIS_URL") else {
+        return;
+    };
+    let mut fleet = fleet(url, false, "webhook-stop", Writes::Turns, &[]).await;
+    let received = subscribe(&fleet, Duration::from_millis(400)).await;
+    fund(&fleet.bases, 0..FUNDINGS).await;
+    wait_for_events(&received, 1, Duration::from_secs(30)).await;
+    for server in &fleet.servers {
+        server.signal_term();
+    }
+    for server in fleet.servers.drain(..) {
+        let status = server.wait_exit().await;
+        assert!(status.success(), "graceful stop exited with {status}");
+    }
+    let sent_before = received.events().len();
+    assert!(sent_before < FUNDINGS, "the stop came after every send");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServe::new(&fleet.ledger.url, false, &fleet.ledger.namespace);
+    let next = Server::start_redis(&dir.path().join("data"), dir.path(), &redis).await;
+    wait_for_events(&received, FUNDINGS, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_each_once_in_order(&received, FUNDINGS);
+    next.terminate().await;
+    assert_ledger_ok(&fleet.ledger);
+}
+
+/// Opens the fleet's webhook security to loopback, provisions tenant `hooks` and
+/// subscribes a receiver taking `delay` per request to its `budget.funded`.
+async fn subscribe(fleet: &Fleet, delay: Duration) -> Receiver {
+    let (received, hook) = Receiver::start_slow(delay).await;
     let first = &fleet.bases[0];
     let security = json!({"blocked_cidr_ranges": [], "allow_http": true});
     let put = client()
@@ -606,38 +651,43 @@ async fn instances_deliver_each_event_once() {
         .expect("webhook security");
     assert_eq!(put.status(), 200);
     provision(first, "hooks", &[("tenant:hooks".into(), 1_000_000)], UNIT).await;
-    let http = client();
     let subscription = json!({"url": hook, "event_types": ["budget.funded"]});
-    let (status, _) = call(
-        &http,
-        first,
-        "/v1/admin/webhooks?tenant_id=hooks",
-        None,
-        Some(subscription),
-    )
-    .await;
+    let path = "/v1/admin/webhooks?tenant_id=hooks";
+    let (status, _) = call(&client(), first, path, None, Some(subscription)).await;
     assert_eq!(status, 201);
-    for n in 0..FUNDINGS {
-        let base = &fleet.bases[n % fleet.bases.len()];
+    received
+}
+
+/// Funds tenant `hooks` once per number, through the instances in turn.
+async fn fund(bases: &[String], numbers: std::ops::Range<usize>) {
+    let http = client();
+    for n in numbers {
+        let base = &bases[n % bases.len()];
         let path = format!("/v1/admin/budgets/fund?scope=tenant:hooks&unit={UNIT}&tenant_id=hooks");
         let credit = json!({"operation": "CREDIT", "amount": {"unit": UNIT, "amount": 1},
                             "idempotency_key": format!("fund-{n}")});
         let (status, body) = call(&http, base, &path, None, Some(credit)).await;
         assert_eq!(status, 200, "{body}");
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while received.by_event().len() < FUNDINGS {
+}
+
+async fn wait_for_events(received: &Receiver, events: usize, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    while received.by_event().len() < events {
         assert!(
             std::time::Instant::now() < deadline,
-            "not every event arrived"
+            "{} of {events} events arrived within {within:?}",
+            received.by_event().len()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Time for a second copy of any of them, from another instance, to arrive.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+}
+
+/// Every one of `events` events arrived once, in order, one request at a time.
+fn assert_each_once_in_order(received: &Receiver, events: usize) {
     let counts = received.by_event();
     let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-    assert_eq!(counts.len(), FUNDINGS);
+    assert_eq!(counts.len(), events);
     assert!(twice.is_empty(), "delivered more than once: {twice:?}");
     let arrived = received.events();
     let mut in_order = arrived.clone();
@@ -651,5 +701,4 @@ async fn instances_deliver_each_event_once() {
         1,
         "one subscription's deliveries overlapped"
     );
-    assert_ledger_ok(&fleet.ledger);
 }

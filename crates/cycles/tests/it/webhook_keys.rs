@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::process::{client, Server, ADMIN_KEY};
+use crate::process::{client, logs_in, Server, ADMIN_KEY};
 use crate::receiver::Receiver;
 
 async fn admin(server: &Server, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
@@ -101,10 +101,7 @@ async fn a_lost_webhook_key_fails_deliveries_and_never_sends_them_unsigned() {
 
     std::fs::remove_file(data.join("webhook.key")).expect("the data directory's webhook key");
     let server = Server::start(&data, dir.path()).await;
-    let logs: String = std::fs::read_dir(dir.path())
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .collect();
+    let logs = logs_in(dir.path());
     assert!(
         logs.contains("no webhook key in a data directory that holds a ledger"),
         "the start says the key is new"

@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ledger::{
     Actor, Attempt, ClaimDelivery, Delivery, DueDeliveries, DueDelivery, Event, GetWebhookSecurity,
@@ -20,7 +20,8 @@ use ledger::{
 };
 use protocol::webhook::EventResponse;
 use store::{Engine, Load, Store, StoreError};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::task::JoinSet;
 
 use crate::task::Background;
 
@@ -32,11 +33,20 @@ const BATCH: usize = 1024;
 const CONCURRENT_SUBSCRIPTIONS: usize = 64;
 /// How often the store is asked for due deliveries when the last look found none.
 const IDLE_POLL: Duration = Duration::from_millis(50);
-/// How long a claimed delivery is held from the other instances: well over what an attempt
-/// can take (the URL's lookup, the request's whole timeout, recording it), so it is
+/// How long a claimed delivery is held from the other instances: twice what an attempt can
+/// take (the URL's lookup and the request, both within [`REQUEST_TIMEOUT`]), so it is
 /// recorded first; if this instance dies with it claimed, another sends it once this has
-/// passed.
-const CLAIM_HOLD: Duration = Duration::from_secs(120);
+/// passed. (A stop lets its sends finish: [`finish_sending`].)
+const CLAIM_HOLD: Duration = Duration::from_secs(60);
+/// How long a stop waits for the sends under way to be answered and recorded: most take
+/// milliseconds; a receiver slower than this has its delivery sent again later.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// The first pause after the store could not give the dispatcher its work; it doubles with
+/// each failure in a row up to [`OUTAGE_MAX_PAUSE`], as the store's own retries do.
+const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(50);
+const OUTAGE_MAX_PAUSE: Duration = Duration::from_secs(1);
+/// While the failure goes on with the same reason, it is logged again this often.
+const OUTAGE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// How long a claimed delivery is held, where deliveries are claimed: on the Redis engine,
 /// whose instances all dispatch from the one ledger (see [`ClaimDelivery`]).
@@ -56,30 +66,47 @@ pub fn spawn_dispatcher(
     webhooks: Arc<Webhooks>,
     counters: Arc<DispatchCounters>,
 ) -> Background {
-    // Stopped, it takes no new work; deliveries in flight finish or are retried after a
-    // restart.
+    // Stopped, it takes no new work, and each lane ends once the send under way is
+    // recorded (see [`finish_sending`]).
     Background::spawn(|mut stopped| async move {
         let lanes = Arc::new(Semaphore::new(CONCURRENT_SUBSCRIPTIONS));
         let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
         let lane_ended = Arc::new(Notify::new());
-        loop {
+        let mut sending = JoinSet::new();
+        let mut outage: Option<Outage> = None;
+        'looks: loop {
+            while sending.try_join_next().is_some() {}
             let found = match next_batch(&store, &webhooks, &busy).await {
-                Ok(batch) => batch,
+                Ok(batch) => {
+                    if let Some(ended) = outage.take() {
+                        ended.ended();
+                    }
+                    batch
+                }
                 Err(why) => {
-                    tracing::warn!(%why, "webhook dispatch could not read its work");
-                    Vec::new()
+                    let pause = outage.get_or_insert_with(Outage::new).failed(why);
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => continue,
+                        _ = stopped.changed() => break,
+                    }
                 }
             };
             let full = found.len() >= BATCH;
             for lane in lanes_of(found) {
-                let Ok(permit) = lanes.clone().acquire_owned().await else {
-                    return;
+                // A lane not started here was not claimed: the next look takes it again.
+                let permit = tokio::select! {
+                    permit = lanes.clone().acquire_owned() => permit,
+                    _ = stopped.changed() => break 'looks,
+                };
+                let Ok(permit) = permit else {
+                    break 'looks;
                 };
                 let (store, webhooks) = (store.clone(), webhooks.clone());
                 let (counters, busy, ended) = (counters.clone(), busy.clone(), lane_ended.clone());
-                tokio::spawn(async move {
+                let stopping = stopped.clone();
+                sending.spawn(async move {
                     let subscription = lane[0].subscription.subscription_id.clone();
-                    serve_lane(&store, &webhooks, &counters, lane).await;
+                    serve_lane(&store, &webhooks, &counters, lane, &stopping).await;
                     busy.lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .remove(&subscription);
@@ -95,10 +122,76 @@ pub fn spawn_dispatcher(
                 _ = tokio::time::sleep(IDLE_POLL) => {}
                 // A lane's subscription may have more waiting.
                 _ = lane_ended.notified() => {}
-                _ = stopped.changed() => return,
+                _ = stopped.changed() => break,
             }
         }
+        finish_sending(sending).await;
     })
+}
+
+/// At a stop: waits for the lanes' sends under way to be answered and recorded, for up
+/// to [`STOP_GRACE`]. A send cut off has its attempt unrecorded: the delivery is sent
+/// again, after the claim's hold on the Redis engine, by the next start on the embedded
+/// one.
+async fn finish_sending(mut sending: JoinSet<()>) {
+    let finished = tokio::time::timeout(STOP_GRACE, async {
+        while sending.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            lanes = sending.len(),
+            "webhook sends still under way at the stop were cut off; they are sent again later"
+        );
+        sending.abort_all();
+    }
+}
+
+/// The store failing to give the dispatcher its work (Redis down, a flushed ledger, a
+/// journal fault): the looks back off, and the log says it when it starts, when its reason
+/// changes, once a minute while it lasts, and when it ends, rather than at every look.
+struct Outage {
+    failures: u32,
+    reason: String,
+    logged: Option<Instant>,
+}
+
+impl Outage {
+    fn new() -> Outage {
+        Outage {
+            failures: 0,
+            reason: String::new(),
+            logged: None,
+        }
+    }
+
+    /// Counts a failure, logging it if it is news; answers how long to wait before the
+    /// next look.
+    fn failed(&mut self, why: String) -> Duration {
+        self.failures += 1;
+        let stale = self
+            .logged
+            .is_none_or(|at| at.elapsed() >= OUTAGE_LOG_EVERY);
+        if stale || why != self.reason {
+            tracing::warn!(%why, failures = self.failures, "webhook dispatch could not read its work; trying again");
+            self.logged = Some(Instant::now());
+            self.reason = why;
+        }
+        Self::pause(self.failures)
+    }
+
+    /// The pause after `failures` failures in a row.
+    fn pause(failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(16);
+        (OUTAGE_FIRST_PAUSE * (1 << doublings)).min(OUTAGE_MAX_PAUSE)
+    }
+
+    fn ended(self) {
+        tracing::info!(
+            failures = self.failures,
+            "webhook dispatch reads its work again"
+        );
+    }
 }
 
 /// One due delivery with what sending it needs.
@@ -219,9 +312,13 @@ async fn serve_lane(
     webhooks: &Webhooks,
     counters: &DispatchCounters,
     lane: Vec<Job>,
+    stopping: &watch::Receiver<bool>,
 ) {
     let hold_ms = claim_hold(store);
     for (i, job) in lane.into_iter().enumerate() {
+        if i > 0 && *stopping.borrow() {
+            return;
+        }
         let id = job.delivery.delivery_id.clone();
         if i > 0 || hold_ms.is_some() {
             let claim = ClaimDelivery {
@@ -300,4 +397,16 @@ fn retry_delay(job: &Job) -> u64 {
     let base = policy.delay_ms(job.delivery.attempts + 1) as f64;
     let jitter = 0.9 + rand::random::<f64>() * 0.2;
     ((base * jitter) as u64).min(policy.max_delay_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outage_backs_off_from_50_ms_doubling_to_a_second() {
+        let pauses: Vec<u128> = (1..=8).map(|n| Outage::pause(n).as_millis()).collect();
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(Outage::pause(u32::MAX), OUTAGE_MAX_PAUSE);
+    }
 }
