@@ -621,6 +621,13 @@ impl AuditDetail for FundResult {
 }
 
 impl AuditDetail for ReleaseResult {
+    /// The reservation's tenant, which its budgets' scopes name: so an admin's release, and
+    /// its replay once the reservation is archived (no longer in the state), are filed
+    /// under it.
+    fn tenant_id(&self) -> Option<String> {
+        let scope = &self.balances.first()?.scope;
+        ledger::scope_tenant(scope).map(str::to_string)
+    }
     fn metadata(&self) -> Option<Map<String, Value>> {
         Some(Map::from_iter([(
             "released".to_string(),

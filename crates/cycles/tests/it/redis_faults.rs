@@ -466,6 +466,40 @@ async fn a_paused_or_slow_redis_is_answered_503_at_once_and_a_retry_never_double
     assert_redis_ledger_ok(&rig.redis.url(), false, NAMESPACE);
 }
 
+/// An instance started after its predecessor died holding the lease waits for that lease
+/// to lapse, on an idle Redis and with the default 50 ms timeout, without counting the
+/// wait as a Redis failure: Redis ends a blocked `BLPOP` in its timer (about 100 ms late
+/// at its default `hz`), and that late answer opened the breaker, so everything, reads
+/// included, was refused for the lease's two seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_predecessors_lapsing_lease_is_waited_for_without_refusals() {
+    if !redis_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisProcess::start(dir.path(), free_port());
+    let url = redis.url();
+    let mut serve = RedisServe::new(&url, false, NAMESPACE);
+    serve.timeout_ms = "50";
+    let data = dir.path().join("data");
+    let first = Server::start_redis(&data, dir.path(), &serve).await;
+    let key = provision_tenant(&first.base, 1_000_000).await;
+    let http = client();
+    let (s, r) = reserve(&http, &first.base, &key, "before").await;
+    assert_eq!(s, 200, "{r}");
+    first.kill();
+    let next = Server::start_redis(&data, dir.path(), &serve).await;
+    let base = next.base.clone();
+    // A read, and a write that waits for the dead holder's lease to lapse.
+    let (s, r) = call(&http, &base, "/v1/reservations?limit=1", Some(&key), None).await;
+    assert_eq!(s, 200, "{r}");
+    let (s, r) = reserve(&http, &base, &key, "after").await;
+    assert_eq!(s, 200, "{r}");
+    assert!(ready(&base).await);
+    assert_eq!(metric(&base, "cycles_redis_faults_total").await, 0);
+    next.terminate().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flushed_redis_is_never_served() {
     if !redis_here() {

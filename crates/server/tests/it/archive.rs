@@ -104,8 +104,10 @@ async fn answers(s: &TestServer, key: &str, other: &str, ids: &[String]) -> Vec<
         )
         .await,
     );
+    // The admin's release, replayed.
+    push(admin_release(s, &ids[4]).await);
     // Replays of the reserves (their keys' digests are what stays in memory).
-    for (i, estimate) in [(0, 100), (1, 100), (2, 100), (3, 100)] {
+    for (i, estimate) in [(0, 100), (1, 100), (2, 100), (3, 100), (4, 100)] {
         push(reserve(s, key, &format!("k-{i}"), estimate).await);
     }
     push(reserve(s, key, "k-0", 101).await);
@@ -125,12 +127,18 @@ async fn answers(s: &TestServer, key: &str, other: &str, ids: &[String]) -> Vec<
     out
 }
 
+async fn admin_release(s: &TestServer, id: &str) -> Resp {
+    let body = json!({"idempotency_key": "a-4", "reason": "operator"});
+    s.post(&format!("/v1/reservations/{id}/release"), As::Admin, body)
+        .await
+}
+
 async fn archived_reservations_answer_as_before(engine: Engine) {
     let s = TestServer::start(engine).await;
     let key = s.setup("acme", 1_000_000).await;
     let other = s.setup("beta", 1_000).await;
     let mut ids = Vec::new();
-    for i in 0..4 {
+    for i in 0..5 {
         ids.push(id(&reserve(&s, &key, &format!("k-{i}"), 100).await));
     }
     let settlements = [
@@ -142,6 +150,7 @@ async fn archived_reservations_answer_as_before(engine: Engine) {
     for (i, op, idem) in settlements {
         settle(&s, &key, &ids[i], op, idem).await.expect(200, None);
     }
+    admin_release(&s, &ids[4]).await.expect(200, None);
     // The fourth lapses (60 s and 5 s of grace) and the sweep expires it.
     s.advance(66_000);
     swept(&s, "cycles_sweep_expired_total", 1).await;
@@ -150,15 +159,26 @@ async fn archived_reservations_answer_as_before(engine: Engine) {
         before.iter().any(|(status, _)| *status == 409) && before.iter().any(|(s, _)| *s == 410),
         "the refusals are exercised: {before:?}"
     );
-    archived(&s, 4).await;
+    archived(&s, 5).await;
     assert_eq!(metric(&s, "cycles_reservations").await, 0);
-    assert_eq!(metric(&s, "cycles_reservations_archived").await, 4);
-    assert_eq!(metric(&s, "cycles_archived_reserve_keys").await, 4);
+    assert_eq!(metric(&s, "cycles_reservations_archived").await, 5);
+    assert_eq!(metric(&s, "cycles_archived_reserve_keys").await, 5);
     let after = answers(&s, &key, &other, &ids).await;
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
         assert_eq!(a, b, "answer {i} changed once archived");
     }
     assert_eq!(before.len(), after.len());
+    // The admin's release and both its replays, the one after archiving included, are
+    // filed under the reservation's tenant.
+    let path = format!("/v1/admin/audit/logs?resource_id={}", ids[4]);
+    let logs = s.get(&path, As::Admin).await.expect(200, None)["logs"].clone();
+    let tenants: Vec<&Value> = logs
+        .as_array()
+        .expect("logs")
+        .iter()
+        .map(|e| &e["tenant_id"])
+        .collect();
+    assert_eq!(tenants, [&json!("acme"); 3], "{logs}");
     // Nothing came back into memory, and no replay made a new reservation.
     assert_eq!(metric(&s, "cycles_reservations").await, 0);
     s.stop().await;

@@ -136,7 +136,19 @@ impl Conn {
             Conn::Cluster(c) => &mut **c,
         }
     }
+
+    fn set_read_timeout(&self, timeout: Duration) -> redis::RedisResult<()> {
+        match self {
+            Conn::Single(c) => c.set_read_timeout(Some(timeout)),
+            Conn::Cluster(c) => c.set_read_timeout(Some(timeout)),
+        }
+    }
 }
+
+/// How late Redis may end a blocked command's own wait (`BLPOP`'s, `WAIT`'s): it looks at
+/// blocked clients' deadlines in its timer, every 1000/`hz` ms, so on an idle Redis at the
+/// default `hz` of 10 a 20 ms wait is answered after about 100 ms. This covers `hz` down to 4.
+const BLOCKED_WAIT_LATE: Duration = Duration::from_millis(250);
 
 /// A connection to `client` whose connect, reads and writes are each bounded by `timeout`.
 fn timed(client: redis::Client, timeout: Duration) -> redis::RedisResult<redis::Connection> {
@@ -184,6 +196,25 @@ impl Link {
     /// Drops a connection that failed (it may be left mid-reply).
     pub fn reset(&mut self) {
         self.conn = None;
+    }
+
+    /// Runs `cmd`, which Redis answers when its own wait of `wait` ends, with the reply
+    /// awaited that much longer than other commands' (and as late as Redis may end it,
+    /// [`BLOCKED_WAIT_LATE`]): a wait that ends as asked is an answer, not a Redis that
+    /// stopped answering.
+    fn blocking<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &redis::Cmd,
+        wait: Duration,
+    ) -> Result<T, LogError> {
+        let timeout = self.timeout;
+        let conn = self.get()?;
+        conn.set_read_timeout(timeout + wait + BLOCKED_WAIT_LATE)?;
+        let answer = cmd.query(conn.link());
+        if conn.set_read_timeout(timeout).is_err() {
+            self.reset();
+        }
+        Ok(answer?)
     }
 }
 
@@ -283,7 +314,7 @@ pub enum Refused {
 pub enum LogError {
     #[error("{0}")]
     Refused(#[from] Refused),
-    #[error("redis: {0}")]
+    #[error("redis: {}", described(.0))]
     Redis(#[from] redis::RedisError),
     #[error("{0}")]
     Corrupt(String),
@@ -291,6 +322,15 @@ pub enum LogError {
     /// them by a snapshot, to be read instead.
     #[error("the log was compacted past record {0}: reading the ledger from its snapshot")]
     Compacted(u64),
+}
+
+/// A Redis error as an operator reads it: a timeout says which setting it ran into (the
+/// socket's own words are "Resource temporarily unavailable").
+fn described(e: &redis::RedisError) -> String {
+    match e.is_timeout() {
+        true => format!("no answer within --redis-timeout-ms ({e})"),
+        false => e.to_string(),
+    }
 }
 
 impl LogError {
@@ -403,15 +443,12 @@ impl Log {
     /// made; answers how many do.
     pub fn wait_replicas(
         &self,
-        conn: &mut Conn,
+        link: &mut Link,
         replicas: u32,
         timeout: Duration,
     ) -> Result<u32, LogError> {
         let ms = timeout.as_millis().max(1) as u64;
-        Ok(::redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(ms)
-            .query(conn.link())?)
+        link.blocking(::redis::cmd("WAIT").arg(replicas).arg(ms), timeout)
     }
 
     /// How many replicas Redis has connected now (`INFO replication`).
@@ -514,11 +551,12 @@ impl Log {
     /// Waits, at most `block`, for the holder to give the lease up to this instance, whose
     /// turn is next; answers whether it did (else the lease may still lapse, or the word
     /// must be renewed: the caller asks again either way).
-    pub fn await_turn(&self, conn: &mut Conn, block: Duration) -> Result<bool, LogError> {
-        let popped: Option<(String, String)> = ::redis::cmd("BLPOP")
-            .arg(&self.keys.turn)
-            .arg(block.as_millis().max(1) as f64 / 1000.0)
-            .query(conn.link())?;
+    pub fn await_turn(&self, link: &mut Link, block: Duration) -> Result<bool, LogError> {
+        let seconds = block.as_millis().max(1) as f64 / 1000.0;
+        let popped: Option<(String, String)> = link.blocking(
+            ::redis::cmd("BLPOP").arg(&self.keys.turn).arg(seconds),
+            block,
+        )?;
         Ok(popped.is_some())
     }
 

@@ -59,7 +59,7 @@ const LEASE_WAIT: Duration = Duration::from_secs(5);
 /// turn is next.
 const LEASE_POLL: Duration = Duration::from_millis(1);
 /// How long the instance whose turn is next waits to be woken before it asks again, at
-/// most (within its word's life, and half the command timeout: the wait is a command).
+/// most (within its word's life).
 const TURN_BLOCK: Duration = Duration::from_millis(20);
 /// How often an instance that hands every write to the lease's holder reads the log to
 /// its end anyway (see `Writer::read_without_lease`).
@@ -849,12 +849,9 @@ impl Writer {
             return Ok(());
         }
         // Redis answers a WAIT when its own wait ends: half the command timeout, so that
-        // its answer (how many replicas) arrives before the connection counts as lost.
+        // a round short of its replicas is answered about as soon as a lost Redis is.
         let (replicas, timeout) = (self.replicas, self.timeout / 2);
-        let waited = match self.link.get() {
-            Ok(conn) => self.log.wait_replicas(conn, replicas, timeout),
-            Err(e) => Err(e),
-        };
+        let waited = self.log.wait_replicas(&mut self.link, replicas, timeout);
         let why = match waited {
             Ok(acked) if acked >= replicas => return Ok(()),
             Ok(acked) => format!(
@@ -979,11 +976,11 @@ impl Writer {
                     Counters::add(&self.shared.counters.lease_waits, 1);
                     let left = Duration::from_millis(left_ms.max(1));
                     // Redis counts a wait in whole milliseconds, and 0 is forever.
-                    let block = TURN_BLOCK.min(self.timeout / 2).min(left);
+                    let block = TURN_BLOCK.min(left);
                     if next && block >= Duration::from_millis(1) {
                         // Woken as the holder gives the lease up; asks again at the latest
                         // as the lease lapses or before its word does.
-                        if self.log.await_turn(self.link.get()?, block)? {
+                        if self.log.await_turn(&mut self.link, block)? {
                             Counters::add(&self.shared.counters.lease_wakes, 1);
                         }
                     } else {
