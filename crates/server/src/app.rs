@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ledger::{
-    Actor, AuditPage, AuditQuery, Authenticate, ListReservations, Operation, Principal,
+    Actor, AuditPage, AuditQuery, Authenticate, ListReservations, Operation, Principal, Rejection,
     ReservationPage,
 };
 use protocol::{ApiError, Plane};
@@ -18,7 +18,7 @@ use crate::webhooks::{DispatchCounters, Webhooks};
 use crate::auth::AdminKey;
 use crate::detector::Detector;
 use crate::jobs::SweepCounters;
-use crate::limits::Bounds;
+use crate::limits::{self, Bounds};
 use crate::load::LoadTracker;
 use crate::metrics::HttpMetrics;
 use crate::reply::Failure;
@@ -266,19 +266,32 @@ impl App {
 
     /// A store's reply as a handler's result; a refusal becomes the protocol error of
     /// `plane`.
+    fn result<T>(reply: Reply<T>, plane: Plane) -> Result<(T, Option<Arc<str>>), Failure> {
+        match reply.result {
+            Ok(output) => Ok((output, reply.tenant)),
+            Err(rejection) => Err(Failure {
+                error: ApiError::from_rejection(rejection, plane),
+                tenant: reply.tenant,
+                forward: None,
+            }),
+        }
+    }
+
     fn answer<T>(
         reply: Result<Reply<T>, StoreError>,
         plane: Plane,
     ) -> Result<(T, Option<Arc<str>>), Failure> {
         match reply {
-            Ok(reply) => match reply.result {
-                Ok(output) => Ok((output, reply.tenant)),
-                Err(rejection) => Err(Failure {
-                    error: ApiError::from_rejection(rejection, plane),
-                    tenant: reply.tenant,
-                    forward: None,
-                }),
-            },
+            Ok(reply) => {
+                // The ledger resolved the request's key to its tenant, or refused it: its
+                // share of requests in flight follows (`limits::KeyShares`).
+                match (&reply.result, &reply.tenant) {
+                    (Err(Rejection::Unauthorized(_)), _) => limits::credential_checked(false),
+                    (_, Some(_)) => limits::credential_checked(true),
+                    _ => {}
+                }
+                Self::result(reply, plane)
+            }
             Err(StoreError::Unavailable(why)) => Err(ApiError::unavailable(format!(
                 "Storage is unavailable, nothing was recorded: {why}"
             ))

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Request};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
@@ -35,6 +35,7 @@ use store::Engine;
 use subtle::ConstantTimeEq;
 
 use crate::correlation::{Correlation, TRACE_ID_HEADER};
+use crate::limits;
 use crate::reply::{Failure, ForwardTo};
 
 /// The ledger's secret: the request comes from one of its instances.
@@ -270,6 +271,13 @@ impl Forwarder {
         match self.send(peer, &parts, body.clone()).await {
             Ok(response) => {
                 counters.sent.fetch_add(1, Ordering::Relaxed);
+                // The holder checked the request's key: its 401 refused it, a success took
+                // it (other refusals may come before the key is looked at).
+                match response.status() {
+                    StatusCode::UNAUTHORIZED => limits::credential_checked(false),
+                    status if status.is_success() => limits::credential_checked(true),
+                    _ => {}
+                }
                 response
             }
             Err(Failed::NotSent(e)) => {

@@ -4,7 +4,8 @@
 //! Each bound answers clearly when it bites and counts it for `/metrics`:
 //! - over [`Limits::max_connections`], a new connection gets a 503 with `Retry-After` and
 //!   is closed (`crate::conn`);
-//! - headers over [`Limits::max_header_bytes`] or [`Limits::max_headers`]: 431, by hyper;
+//! - headers over [`Limits::max_header_bytes`] or [`Limits::max_headers`]: 431, by hyper,
+//!   and by [`Bounds::check_head`] for what hyper's buffer let through;
 //! - headers not complete within [`Limits::header_read_timeout`]: the connection is
 //!   closed. The same timer runs while a kept-alive connection waits for its next request,
 //!   so it is also the idle keep-alive limit;
@@ -13,9 +14,12 @@
 //! - over [`Limits::max_in_flight`] requests in flight: 503 with `Retry-After`, at once
 //!   (shedding, not queueing);
 //! - over [`Limits::max_in_flight_per_key`] in flight for one credential: 429
-//!   `LIMIT_EXCEEDED` with `Retry-After`, so one tenant's burst leaves room for the others.
+//!   `LIMIT_EXCEEDED` with `Retry-After`, so one tenant's burst leaves room for the others
+//!   (a key counts as itself once it was accepted, as its client's address until then:
+//!   [`KeyShares`]).
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
@@ -25,10 +29,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::HeaderMap;
+use axum::http::header::HOST;
+use axum::http::{HeaderMap, Version};
+use protocol::{ApiError, ErrorCode};
 use tokio::time::{Instant, Sleep};
 
-use crate::auth::{ADMIN_KEY_HEADER, API_KEY_HEADER};
+use crate::auth::{AdminKey, ADMIN_KEY_HEADER, API_KEY_HEADER};
 
 /// The bounds, each a `cycles serve` flag (see [`Limits::DEFAULT`] for the defaults).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,13 +181,40 @@ where
 /// Shards of the per-credential counts: few enough to stay small, enough that two cores
 /// rarely meet on one lock.
 const SHARDS: usize = 16;
+/// Credentials remembered as accepted, per shard; a full shard forgets them all (each is
+/// accepted again at its next request).
+const ACCEPTED_PER_SHARD: usize = 4_096;
+
+tokio::task_local! {
+    /// Whether the request's credential was found good (`Some(true)`) or refused
+    /// (`Some(false)`), where it is checked: a tenant key by the ledger (`App`), one handed
+    /// to the Redis engine's lease holder by the holder's answer (`crate::forward`), the
+    /// admin key before the request runs (`KeyShares::enter`).
+    static CHECKED: Cell<Option<bool>>;
+}
+
+/// Notes what the request's credential was found to be (nothing outside a request).
+pub fn credential_checked(accepted: bool) {
+    let _ = CHECKED.try_with(|checked| checked.set(Some(accepted)));
+}
 
 /// Requests in flight per credential. A credential's entry exists only while it has
 /// requests in flight, so this holds at most one entry per request being answered.
+///
+/// A key counts as itself only once a request presenting it was accepted; until then its
+/// requests count as their client address's. Otherwise every made-up key would get a share
+/// of its own, and one client sending them (with bodies that never finish) could take every
+/// request the server answers at once, the admin's included.
 pub struct KeyShares {
     cap: usize,
     hasher: RandomState,
-    shards: [Mutex<HashMap<u64, usize>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
+}
+
+#[derive(Default)]
+struct Shard {
+    in_flight: HashMap<u64, usize>,
+    accepted: HashSet<u64>,
 }
 
 impl KeyShares {
@@ -190,46 +223,115 @@ impl KeyShares {
             cap,
             // Seeded per process: a client cannot pick keys that share another's count.
             hasher: RandomState::new(),
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            shards: std::array::from_fn(|_| Mutex::default()),
         }
     }
 
-    /// Counts a request of the credential in `headers` (or of `peer`, when it presents none)
-    /// until the guard drops; `None` when that credential already has its share in flight.
-    pub fn enter(&self, headers: &HeaderMap, peer: Option<std::net::IpAddr>) -> Option<Share<'_>> {
-        let presented = headers
+    fn shard(&self, who: u64) -> &Mutex<Shard> {
+        &self.shards[who as usize % SHARDS]
+    }
+
+    /// Counts a request of the credential in `headers` (or of `peer`, when it presents none
+    /// or one not accepted yet) until the guard drops; `None` when that credential already
+    /// has its share in flight. `admin`: the admin key, which is checked here.
+    pub fn enter(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<std::net::IpAddr>,
+        admin: &AdminKey,
+    ) -> Option<Share<'_>> {
+        let key = headers
             .get(API_KEY_HEADER)
             .or_else(|| headers.get(ADMIN_KEY_HEADER))
-            .map(|v| v.as_bytes());
-        let who = match (presented, peer) {
-            (Some(key), _) => self.hasher.hash_one(key),
-            (None, Some(ip)) => self.hasher.hash_one(ip),
-            (None, None) => self.hasher.hash_one(()),
+            .map(|v| self.hasher.hash_one(v.as_bytes()));
+        let address = match peer {
+            Some(ip) => self.hasher.hash_one(ip),
+            None => self.hasher.hash_one(()),
         };
-        let shard = &self.shards[who as usize % SHARDS];
-        let mut counts = shard.lock().unwrap_or_else(|e| e.into_inner());
-        let count = counts.entry(who).or_insert(0);
+        if let Some(key) = key {
+            let is_admin = !headers.contains_key(API_KEY_HEADER)
+                && headers
+                    .get(ADMIN_KEY_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| admin.verify(v));
+            if is_admin {
+                self.learn(key, true);
+            }
+        }
+        let who = match key {
+            Some(key) if self.is_accepted(key) => key,
+            _ => address,
+        };
+        let mut shard = self.shard(who).lock().unwrap_or_else(|e| e.into_inner());
+        let count = shard.in_flight.entry(who).or_insert(0);
         if *count >= self.cap {
             return None;
         }
         *count += 1;
-        Some(Share { shard, who })
+        Some(Share {
+            shares: self,
+            who,
+            key,
+        })
+    }
+
+    fn is_accepted(&self, key: u64) -> bool {
+        let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.accepted.contains(&key)
+    }
+
+    fn learn(&self, key: u64, accepted: bool) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        match accepted {
+            true if !shard.accepted.contains(&key) => {
+                if shard.accepted.len() >= ACCEPTED_PER_SHARD {
+                    shard.accepted.clear();
+                }
+                shard.accepted.insert(key);
+            }
+            true => {}
+            false => {
+                shard.accepted.remove(&key);
+            }
+        }
     }
 }
 
 /// One request counted against its credential's share.
 pub struct Share<'a> {
-    shard: &'a Mutex<HashMap<u64, usize>>,
+    shares: &'a KeyShares,
     who: u64,
+    key: Option<u64>,
+}
+
+impl Share<'_> {
+    /// Runs the request; what it found its credential to be is remembered for the
+    /// credential's next requests.
+    pub async fn run<F: Future<Output = R>, R>(&self, request: F) -> R {
+        let (answer, checked) = CHECKED
+            .scope(Cell::new(None), async {
+                let answer = request.await;
+                (answer, CHECKED.with(Cell::get))
+            })
+            .await;
+        if let (Some(key), Some(accepted)) = (self.key, checked) {
+            self.shares.learn(key, accepted);
+        }
+        answer
+    }
 }
 
 impl Drop for Share<'_> {
     fn drop(&mut self) {
-        let mut counts = self.shard.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = counts.get_mut(&self.who) {
+        let mut shard = self
+            .shares
+            .shard(self.who)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = shard.in_flight.get_mut(&self.who) {
             *count -= 1;
             if *count == 0 {
-                counts.remove(&self.who);
+                shard.in_flight.remove(&self.who);
             }
         }
     }
@@ -250,6 +352,43 @@ impl Bounds {
             counters: Arc::default(),
         }
     }
+
+    /// Checks a request's head as it was sent. hyper refuses a head over
+    /// [`Limits::max_header_bytes`] only once its read buffer, which grows in steps, is
+    /// full, so heads up to about twice the limit reach here; they are refused 431 by their
+    /// size as sent (each header line as `Name: value`, as clients write them). And an HTTP/1.1 request must name its `Host` exactly once
+    /// (RFC 9112 §3.2): 400.
+    pub fn check_head<B>(&self, request: &axum::http::Request<B>) -> Result<(), ApiError> {
+        let uri = request.uri();
+        let target = uri.path_and_query().map_or(1, |pq| pq.as_str().len())
+            + uri.authority().map_or(0, |a| a.as_str().len())
+            + uri.scheme_str().map_or(0, |scheme| scheme.len() + 3);
+        // "GET /path HTTP/1.1\r\n"
+        let line = request.method().as_str().len() + target + 12;
+        let headers: usize = request
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum();
+        if line + headers + 2 > self.limits.max_header_bytes {
+            LimitCounters::count(&self.counters.headers_too_large);
+            return Err(ApiError::new(
+                431,
+                ErrorCode::InvalidRequest,
+                format!(
+                    "The request line and headers are over {} bytes",
+                    self.limits.max_header_bytes
+                ),
+            ));
+        }
+        let hosts = request.headers().get_all(HOST).iter().count();
+        if request.version() == Version::HTTP_11 && hosts != 1 {
+            return Err(ApiError::invalid(
+                "An HTTP/1.1 request must carry exactly one Host header",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -257,22 +396,49 @@ mod tests {
     use super::*;
     use axum::http::HeaderValue;
 
+    fn admin() -> AdminKey {
+        AdminKey::new("the-admin-key")
+    }
+
+    fn with(header: &'static str, value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header, HeaderValue::from_static(value));
+        headers
+    }
+
+    /// Runs a request of `share` whose credential is found `accepted`.
+    fn checked(share: &Share<'_>, accepted: bool) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(share.run(async { credential_checked(accepted) }));
+    }
+
     #[test]
-    fn a_credential_has_at_most_its_share_in_flight() {
+    fn an_accepted_credential_has_at_most_its_share_in_flight() {
         let shares = KeyShares::new(2);
-        let mut a = HeaderMap::new();
-        a.insert(API_KEY_HEADER, HeaderValue::from_static("key-a"));
-        let mut b = HeaderMap::new();
-        b.insert(API_KEY_HEADER, HeaderValue::from_static("key-b"));
-        let first = shares.enter(&a, None).expect("first");
-        let second = shares.enter(&a, None).expect("second");
-        assert!(shares.enter(&a, None).is_none(), "a third of key a");
-        let other = shares.enter(&b, None).expect("key b has its own share");
+        let (a, b) = (with(API_KEY_HEADER, "key-a"), with(API_KEY_HEADER, "key-b"));
+        let ip = Some("10.0.0.1".parse().unwrap());
+        for key in [&a, &b] {
+            let share = shares.enter(key, ip, &admin()).expect("first");
+            checked(&share, true);
+        }
+        let first = shares.enter(&a, ip, &admin()).expect("first");
+        let second = shares.enter(&a, ip, &admin()).expect("second");
+        assert!(shares.enter(&a, ip, &admin()).is_none(), "a third of key a");
+        let other = shares
+            .enter(&b, ip, &admin())
+            .expect("key b has its own share");
         drop(first);
-        let again = shares.enter(&a, None).expect("room again once one ended");
+        let again = shares
+            .enter(&a, ip, &admin())
+            .expect("room again once one ended");
         drop((second, other, again));
         assert!(
-            shares.shards.iter().all(|s| s.lock().unwrap().is_empty()),
+            shares
+                .shards
+                .iter()
+                .all(|s| s.lock().unwrap().in_flight.is_empty()),
             "no entry outlives its requests"
         );
     }
@@ -283,8 +449,49 @@ mod tests {
         let none = HeaderMap::new();
         let ip1 = Some("10.0.0.1".parse().unwrap());
         let ip2 = Some("10.0.0.2".parse().unwrap());
-        let _held = shares.enter(&none, ip1).expect("first address");
-        assert!(shares.enter(&none, ip1).is_none());
-        assert!(shares.enter(&none, ip2).is_some());
+        let _held = shares.enter(&none, ip1, &admin()).expect("first address");
+        assert!(shares.enter(&none, ip1, &admin()).is_none());
+        assert!(shares.enter(&none, ip2, &admin()).is_some());
+    }
+
+    #[test]
+    fn keys_not_accepted_yet_share_their_address() {
+        let shares = KeyShares::new(1);
+        let ip = Some("10.0.0.1".parse().unwrap());
+        let made_up = with(API_KEY_HEADER, "made-up-1");
+        let first = shares.enter(&made_up, ip, &admin()).expect("first");
+        let another = with(API_KEY_HEADER, "made-up-2");
+        assert!(
+            shares.enter(&another, ip, &admin()).is_none(),
+            "a second made-up key from the address has no share of its own"
+        );
+        checked(&first, false);
+        drop(first);
+        // Accepted once, a key counts as itself; refused later (revoked), as its address.
+        let good = with(API_KEY_HEADER, "good");
+        let share = shares.enter(&good, ip, &admin()).expect("good");
+        checked(&share, true);
+        drop(share);
+        let held = shares
+            .enter(&good, ip, &admin())
+            .expect("good, counted as itself");
+        assert!(
+            shares.enter(&another, ip, &admin()).is_some(),
+            "the address has room"
+        );
+        checked(&held, false);
+        drop(held);
+        assert!(!shares.is_accepted(shares.hasher.hash_one(b"good".as_slice())));
+    }
+
+    #[test]
+    fn the_admin_key_counts_as_itself_at_once_and_a_wrong_one_as_its_address() {
+        let shares = KeyShares::new(1);
+        let ip = Some("10.0.0.1".parse().unwrap());
+        let wrong = with(ADMIN_KEY_HEADER, "guess");
+        let _guess = shares.enter(&wrong, ip, &admin()).expect("first guess");
+        assert!(shares.enter(&wrong, ip, &admin()).is_none());
+        let right = with(ADMIN_KEY_HEADER, "the-admin-key");
+        assert!(shares.enter(&right, ip, &admin()).is_some());
     }
 }

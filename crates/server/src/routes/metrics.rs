@@ -47,8 +47,15 @@ pub async fn observe(app: &App, request: Request, next: Next) -> Response {
                 .extensions()
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ConnectInfo(peer)| peer.ip());
-            match bounds.shares.enter(request.headers(), peer) {
-                Some(_share) => crate::forward::run(app.forwarder(), request, next).await,
+            match bounds
+                .shares
+                .enter(request.headers(), peer, app.admin_key())
+            {
+                Some(share) => {
+                    share
+                        .run(crate::forward::run(app.forwarder(), request, next))
+                        .await
+                }
                 None => {
                     LimitCounters::count(&bounds.counters.shed_per_key);
                     over_share(bounds.limits.max_in_flight_per_key)

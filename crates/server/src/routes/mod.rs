@@ -26,7 +26,7 @@ use std::sync::{Arc, LazyLock};
 use axum::extract::{ConnectInfo, DefaultBodyLimit, MatchedPath, RawPathParams, Request, State};
 use axum::handler::Handler;
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use protocol::MAX_BODY_BYTES;
 use utoipa_axum::router::OpenApiRouter;
@@ -39,7 +39,7 @@ use crate::dashboard::{self, Dashboard};
 use crate::openapi;
 use crate::origin::RequestOrigin;
 use crate::ratelimit::{self, Limiter, RateLimit};
-use crate::reply::ForwardTo;
+use crate::reply::{Failure, ForwardTo};
 
 pub fn router(
     app: Arc<App>,
@@ -78,6 +78,9 @@ pub fn operations() -> OpenApiRouter<Arc<App>> {
 /// layer costs every request a boxed service and a boxed future.
 async fn every_request(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
     let mut correlation = Correlation::of(request.headers());
+    if let Err(refused) = app.bounds().check_head(&request) {
+        return correlation::finish(Failure::from(refused).into_response(), correlation);
+    }
     if let Some(forwarder) = app.forwarder() {
         forwarder.accept(&mut request, &mut correlation);
     }

@@ -148,6 +148,48 @@ async fn headers_over_the_size_or_count_limit_are_answered_431() {
     server.stop().await;
 }
 
+/// Sends `head` (and no body) on a connection of its own; answers the status line.
+async fn status_of(server: &TestServer, head: &str) -> String {
+    let mut tcp = TcpStream::connect(addr(server)).await.expect("connect");
+    tcp.write_all(head.as_bytes()).await.expect("write");
+    let (answer, _) = read_until_closed(&mut tcp, Duration::from_secs(5)).await;
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+/// The default head limit (64 KiB) holds exactly: hyper's read buffer grows in steps and
+/// parsed heads of up to about 112 KiB, so the server refuses them by their size. And an
+/// HTTP/1.1 request names its Host once (RFC 9112 §3.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_limit_is_exact_and_http_1_1_needs_one_host() {
+    let server = server_with(|_| {}).await;
+    let head = |pad: usize| {
+        let padding = "a".repeat(pad);
+        format!("GET /actuator/health HTTP/1.1\r\nHost: x\r\nX-Pad: {padding}\r\nConnection: close\r\n\r\n")
+    };
+    let fixed = head(0).len();
+    assert_eq!(
+        status_of(&server, &head(65_536 - fixed)).await,
+        "HTTP/1.1 200 OK"
+    );
+    let over = status_of(&server, &head(65_536 - fixed + 1)).await;
+    assert_eq!(over, "HTTP/1.1 431 Request Header Fields Too Large");
+    assert_eq!(
+        status_of(&server, &head(100_000)).await,
+        "HTTP/1.1 431 Request Header Fields Too Large"
+    );
+    assert_eq!(metric(&server, "cycles_headers_too_large_total").await, 2);
+    let no_host = "GET /actuator/health HTTP/1.1\r\nConnection: close\r\n\r\n";
+    assert_eq!(
+        status_of(&server, no_host).await,
+        "HTTP/1.1 400 Bad Request"
+    );
+    let two = "GET /actuator/health HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n";
+    assert_eq!(status_of(&server, two).await, "HTTP/1.1 400 Bad Request");
+    let old = "GET /actuator/health HTTP/1.0\r\n\r\n";
+    assert_eq!(status_of(&server, old).await, "HTTP/1.0 200 OK");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_that_do_not_arrive_in_time_close_the_connection() {
     let server = server_with(|l| l.header_read_timeout = Duration::from_millis(300)).await;
@@ -247,6 +289,11 @@ async fn one_key_over_its_share_is_refused_429_while_another_is_served() {
     let server = server_with(|l| l.max_in_flight_per_key = 2).await;
     let acme = server.setup("acme", 1_000).await;
     let other = server.setup("other", 1_000).await;
+    // Each key served once: a key counts as itself once accepted.
+    for (key, tenant) in [(&acme, "acme"), (&other, "other")] {
+        let path = format!("/v1/balances?tenant={tenant}");
+        server.get(&path, As::Key(key)).await.expect(200, None);
+    }
     let _held = [
         start_slow_reserve(&server, &acme).await,
         start_slow_reserve(&server, &acme).await,
@@ -270,5 +317,42 @@ async fn one_key_over_its_share_is_refused_429_while_another_is_served() {
         .get("/v1/balances?tenant=acme", As::Key(&acme))
         .await
         .expect(200, None);
+    server.stop().await;
+}
+
+/// Keys nobody issued have no share of their own: until a key is accepted, its requests
+/// count as their address's. Made-up keys with bodies that never finish once took every
+/// request the server answers at once, locking out its tenants and the admin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_keys_share_their_address_and_crowd_out_nobody() {
+    let server = server_with(|l| {
+        l.max_in_flight = 6;
+        l.max_in_flight_per_key = 3;
+    })
+    .await;
+    let acme = server.setup("acme", 1_000).await;
+    server
+        .get("/v1/balances?tenant=acme", As::Key(&acme))
+        .await
+        .expect(200, None);
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(start_slow_reserve(&server, &format!("made-up-{i}")).await);
+    }
+    wait_in_flight(&server, 3).await;
+    // A fourth made-up key from the same address: over the address's share.
+    let mut fourth = start_slow_reserve(&server, "made-up-3").await;
+    let (answer, _) = read_until_closed(&mut fourth, Duration::from_millis(500)).await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    // The tenant and the admin are served meanwhile.
+    server
+        .get("/v1/balances?tenant=acme", As::Key(&acme))
+        .await
+        .expect(200, None);
+    server
+        .get("/v1/admin/tenants", As::Admin)
+        .await
+        .expect(200, None);
+    drop(held);
     server.stop().await;
 }
