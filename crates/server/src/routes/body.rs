@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
+use axum::http::header::CONTENT_LENGTH;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use ledger::Actor;
@@ -15,7 +16,7 @@ use protocol::runtime::{
     CommitRequest, DecisionRequest, EventCreateRequest, IdempotencyHeader, ReleaseRequest,
     ReservationCreateRequest, ReservationExtendRequest,
 };
-use protocol::{parse_body, ApiError, ErrorCode, Plane, Validate};
+use protocol::{parse_body, ApiError, ErrorCode, Plane, Validate, MAX_BODY_BYTES};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -111,6 +112,15 @@ where
         axum::http::StatusCode::OK,
         &BulkActionResponse::new(action, key, &done.result),
     ))
+}
+
+/// Whether the request declares a body over the size limit (`Content-Length`): it is
+/// refused before a byte of it is awaited, as the same body read whole would be.
+pub fn declared_too_large(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+        .is_some_and(|length| length > MAX_BODY_BYTES as u64)
 }
 
 /// A request's body, read whole, with the failures a client can cause answered as such: a

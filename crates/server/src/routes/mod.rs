@@ -25,6 +25,7 @@ use std::sync::{Arc, LazyLock};
 
 use axum::extract::{ConnectInfo, DefaultBodyLimit, MatchedPath, RawPathParams, Request, State};
 use axum::handler::Handler;
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -78,7 +79,14 @@ pub fn operations() -> OpenApiRouter<Arc<App>> {
 /// layer costs every request a boxed service and a boxed future.
 async fn every_request(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
     let mut correlation = Correlation::of(request.headers());
-    if let Err(refused) = app.bounds().check_head(&request) {
+    let refused = match app.bounds().check_head(&request) {
+        Err(refused) => Some(refused),
+        Ok(()) if body::declared_too_large(request.headers()) => {
+            Some(correlation::framework_error(StatusCode::PAYLOAD_TOO_LARGE))
+        }
+        Ok(()) => None,
+    };
+    if let Some(refused) = refused {
         return correlation::finish(Failure::from(refused).into_response(), correlation);
     }
     if let Some(forwarder) = app.forwarder() {

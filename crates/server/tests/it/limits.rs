@@ -158,9 +158,10 @@ async fn status_of(server: &TestServer, head: &str) -> String {
 
 /// The default head limit (64 KiB) holds exactly: hyper's read buffer grows in steps and
 /// parsed heads of up to about 112 KiB, so the server refuses them by their size. And an
-/// HTTP/1.1 request names its Host once (RFC 9112 §3.2).
+/// HTTP/1.1 request names its Host once (RFC 9112 §3.2), and a body declared over the
+/// limit is refused from the head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_head_limit_is_exact_and_http_1_1_needs_one_host() {
+async fn the_head_is_checked_before_the_request_runs() {
     let server = server_with(|_| {}).await;
     let head = |pad: usize| {
         let padding = "a".repeat(pad);
@@ -187,6 +188,16 @@ async fn the_head_limit_is_exact_and_http_1_1_needs_one_host() {
     assert_eq!(status_of(&server, two).await, "HTTP/1.1 400 Bad Request");
     let old = "GET /actuator/health HTTP/1.0\r\n\r\n";
     assert_eq!(status_of(&server, old).await, "HTTP/1.0 200 OK");
+    // A body declared over the limit is refused before any of it is awaited (the body
+    // timeout is 30 s), as the same body read whole is.
+    let started = Instant::now();
+    let declared = "POST /v1/reservations HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\
+                    Content-Length: 3000000\r\n\r\n";
+    assert_eq!(
+        status_of(&server, declared).await,
+        "HTTP/1.1 400 Bad Request"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
     server.stop().await;
 }
 
