@@ -29,7 +29,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::header::HOST;
+use axum::http::header::{HOST, TRANSFER_ENCODING};
 use axum::http::{HeaderMap, Version};
 use protocol::{ApiError, ErrorCode};
 use tokio::time::{Instant, Sleep};
@@ -356,8 +356,9 @@ impl Bounds {
     /// Checks a request's head as it was sent. hyper refuses a head over
     /// [`Limits::max_header_bytes`] only once its read buffer, which grows in steps, is
     /// full, so heads up to about twice the limit reach here; they are refused 431 by their
-    /// size as sent (each header line as `Name: value`, as clients write them). And an HTTP/1.1 request must name its `Host` exactly once
-    /// (RFC 9112 §3.2): 400.
+    /// size as sent (each header line as `Name: value`, as clients write them). An HTTP/1.1
+    /// request must name its `Host` exactly once (RFC 9112 §3.2): 400. A transfer coding
+    /// other than `chunked`: 501.
     pub fn check_head<B>(&self, request: &axum::http::Request<B>) -> Result<(), ApiError> {
         let uri = request.uri();
         let target = uri.path_and_query().map_or(1, |pq| pq.as_str().len())
@@ -385,6 +386,19 @@ impl Bounds {
         if request.version() == Version::HTTP_11 && hosts != 1 {
             return Err(ApiError::invalid(
                 "An HTTP/1.1 request must carry exactly one Host header",
+            ));
+        }
+        // hyper undoes `chunked` only; a body in any other coding would be read as it came
+        // (RFC 9112 §6.1: 501).
+        let codings = request.headers().get_all(TRANSFER_ENCODING).iter();
+        let unknown = codings
+            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+            .any(|coding| !coding.trim().eq_ignore_ascii_case("chunked"));
+        if unknown {
+            return Err(ApiError::new(
+                501,
+                ErrorCode::InvalidRequest,
+                "Only the chunked transfer coding is supported",
             ));
         }
         Ok(())

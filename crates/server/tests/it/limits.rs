@@ -158,8 +158,8 @@ async fn status_of(server: &TestServer, head: &str) -> String {
 
 /// The default head limit (64 KiB) holds exactly: hyper's read buffer grows in steps and
 /// parsed heads of up to about 112 KiB, so the server refuses them by their size. And an
-/// HTTP/1.1 request names its Host once (RFC 9112 §3.2), and a body declared over the
-/// limit is refused from the head.
+/// HTTP/1.1 request names its Host once (RFC 9112 §3.2), a body declared over the limit is
+/// refused from the head, and a transfer coding hyper does not undo is 501.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_head_is_checked_before_the_request_runs() {
     let server = server_with(|_| {}).await;
@@ -198,6 +198,12 @@ async fn the_head_is_checked_before_the_request_runs() {
         "HTTP/1.1 400 Bad Request"
     );
     assert!(started.elapsed() < Duration::from_secs(2));
+    let gzip = "POST /v1/reservations HTTP/1.1\r\nHost: x\r\n\
+                Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    assert_eq!(
+        status_of(&server, gzip).await,
+        "HTTP/1.1 501 Not Implemented"
+    );
     server.stop().await;
 }
 
