@@ -34,9 +34,10 @@ const CONCURRENT_SUBSCRIPTIONS: usize = 64;
 /// How often the store is asked for due deliveries when the last look found none.
 const IDLE_POLL: Duration = Duration::from_millis(50);
 /// How long a claimed delivery is held from the other instances: twice what an attempt can
-/// take (the URL's lookup and the request, both within [`REQUEST_TIMEOUT`]), so it is
-/// recorded first; if this instance dies with it claimed, another sends it once this has
-/// passed. (A stop lets its sends finish: [`finish_sending`].)
+/// take (the URL's lookup and the request share [`REQUEST_TIMEOUT`]), so the claim's reply
+/// and the attempt's record fit too and it is recorded first; if this instance dies with it
+/// claimed, another sends it once this has passed. (A stop lets its sends finish:
+/// [`finish_sending`].)
 const CLAIM_HOLD: Duration = Duration::from_secs(60);
 /// How long a stop waits for the sends under way to be answered and recorded: most take
 /// milliseconds; a receiver slower than this has its delivery sent again later.
@@ -95,8 +96,9 @@ pub fn spawn_dispatcher(
             for lane in lanes_of(found) {
                 // A lane not started here was not claimed: the next look takes it again.
                 let permit = tokio::select! {
-                    permit = lanes.clone().acquire_owned() => permit,
+                    biased;
                     _ = stopped.changed() => break 'looks,
+                    permit = lanes.clone().acquire_owned() => permit,
                 };
                 let Ok(permit) = permit else {
                     break 'looks;
@@ -316,7 +318,8 @@ async fn serve_lane(
 ) {
     let hold_ms = claim_hold(store);
     for (i, job) in lane.into_iter().enumerate() {
-        if i > 0 && *stopping.borrow() {
+        // Stopping: nothing is claimed or sent after the send under way.
+        if *stopping.borrow() {
             return;
         }
         let id = job.delivery.delivery_id.clone();

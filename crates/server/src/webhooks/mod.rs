@@ -150,15 +150,24 @@ impl Webhooks {
             response_time_ms: started.elapsed().as_millis() as u64,
             ..unsent(message)
         };
-        // Re-checked on every delivery: the configuration may have changed since.
-        if let Err(why) = guard::check_url(out.url, &config).await {
-            return failed(format!("Webhook URL invalid: {} ({why})", out.url), started);
+        // Re-checked on every delivery: the configuration may have changed since. The URL's
+        // lookup and the request share the one `timeout`, so an attempt never takes longer
+        // (a claimed delivery's hold counts on it: `dispatch`).
+        match tokio::time::timeout(timeout, guard::check_url(out.url, &config)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(why)) => {
+                return failed(format!("Webhook URL invalid: {} ({why})", out.url), started)
+            }
+            Err(_) => {
+                let why = format!("its host was not resolved within {} s", timeout.as_secs());
+                return failed(format!("Webhook URL invalid: {} ({why})", out.url), started);
+            }
         }
         let span: u64 = rand::random();
         let mut request = self
             .client
             .post(out.url)
-            .timeout(timeout)
+            .timeout(timeout.saturating_sub(started.elapsed()))
             .header("content-type", "application/json")
             .header("x-cycles-event-id", out.event_id)
             .header("x-cycles-event-type", out.event_type)
