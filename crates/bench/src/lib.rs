@@ -22,7 +22,6 @@ mod suite;
 mod svg;
 mod text;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -301,7 +300,7 @@ fn write_outputs(report: &Report, out: &Path) -> anyhow::Result<()> {
     std::fs::write(out.with_extension("svg"), svg::render(report))?;
     eprintln!("[bench] wrote {} (and .txt, .svg beside it)", out.display());
     // Written last: a reader that stops reading (`| head`) does not lose the report.
-    writeln!(std::io::stdout(), "\n{table}")?;
+    progress::say(&format!("\n{table}"));
     Ok(())
 }
 
@@ -315,7 +314,7 @@ pub fn load(path: &Path) -> anyhow::Result<Report> {
 fn compare(args: CompareArgs) -> anyhow::Result<()> {
     let (old, new) = (load(&args.old)?, load(&args.new)?);
     let (table, breaches) = compare::compare(&old, &new, args.threshold);
-    writeln!(std::io::stdout(), "{table}")?;
+    progress::say(&table);
     if !breaches.is_empty() {
         bail!(
             "{} gating metric(s) regressed beyond {:.0}%: {}",
@@ -338,20 +337,19 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
     };
     let failures = compare::check(&report, &budgets);
     let alloc = |s: Option<stats::Spread>| s.map_or("n/a".into(), |s| format!("{:.1}", s.median));
-    writeln!(
-        std::io::stdout(),
+    progress::say(&format!(
         "allocations per reserve {}, per commit {}; errors {}; ledger mismatches {}",
         alloc(report.resources.allocations_per_reserve),
         alloc(report.resources.allocations_per_commit),
         report.errors(),
         report.ledger_mismatches()
-    )?;
+    ));
     if failures.is_empty() {
-        writeln!(std::io::stdout(), "all budgets hold")?;
+        progress::say("all budgets hold");
         return Ok(());
     }
     for f in &failures {
-        writeln!(std::io::stdout(), "FAIL {f}")?;
+        progress::say(&format!("FAIL {f}"));
     }
     bail!("{} budget(s) broken", failures.len())
 }

@@ -1,7 +1,7 @@
 //! Progress while the suite runs: a bar per phase on a terminal, plain lines otherwise.
 //! Progress goes to stderr; result lines go to stdout.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -22,8 +22,8 @@ impl Progress {
     /// A result line on stdout (above the bars on a terminal).
     pub fn line(&self, text: &str) {
         match &self.multi {
-            Some(m) => m.suspend(|| println!("{text}")),
-            None => println!("{text}"),
+            Some(m) => m.suspend(|| say(text)),
+            None => say(text),
         }
     }
 
@@ -104,4 +104,10 @@ impl Phase {
         }
         took
     }
+}
+
+/// A line on stdout, if anyone still reads it: a reader that stopped (`cycles bench … |
+/// head`) does not stop the run, whose report goes to its files all the same.
+pub fn say(text: &str) {
+    let _ = writeln!(std::io::stdout(), "{text}");
 }

@@ -9,7 +9,6 @@ mod table;
 mod verify;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -61,18 +60,8 @@ enum Cmd {
     Bench(bench::BenchCmd),
 }
 
-fn main() -> ExitCode {
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.chain().any(|cause| cause.is::<output::ReaderGone>()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Error: {e:?}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
     match cli.command {
         Cmd::Serve(args) => serve::run(args),
         Cmd::Admin(args) => admin::run(args),
