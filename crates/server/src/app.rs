@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ledger::{
-    Actor, AuditPage, AuditQuery, Authenticate, ListReservations, Operation, Principal, Rejection,
+    Actor, AuditPage, AuditQuery, Authenticate, ListReservations, Operation, Principal,
     ReservationPage,
 };
 use protocol::{ApiError, Plane};
@@ -283,12 +283,10 @@ impl App {
     ) -> Result<(T, Option<Arc<str>>), Failure> {
         match reply {
             Ok(reply) => {
-                // The ledger resolved the request's key to its tenant, or refused it: its
-                // share of requests in flight follows (`limits::KeyShares`).
-                match (&reply.result, &reply.tenant) {
-                    (Err(Rejection::Unauthorized(_)), _) => limits::credential_checked(false),
-                    (_, Some(_)) => limits::credential_checked(true),
-                    _ => {}
+                // The ledger resolved the request's key to its tenant: it has a share of
+                // requests in flight of its own (`limits::KeyShares`).
+                if reply.tenant.is_some() {
+                    limits::credential_accepted();
                 }
                 Self::result(reply, plane)
             }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Request};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
@@ -271,12 +271,9 @@ impl Forwarder {
         match self.send(peer, &parts, body.clone()).await {
             Ok(response) => {
                 counters.sent.fetch_add(1, Ordering::Relaxed);
-                // The holder checked the request's key: its 401 refused it, a success took
-                // it (other refusals may come before the key is looked at).
-                match response.status() {
-                    StatusCode::UNAUTHORIZED => limits::credential_checked(false),
-                    status if status.is_success() => limits::credential_checked(true),
-                    _ => {}
+                // The holder checked the request's key: a success took it.
+                if response.status().is_success() {
+                    limits::credential_accepted();
                 }
                 response
             }

@@ -186,16 +186,18 @@ const SHARDS: usize = 16;
 const ACCEPTED_PER_SHARD: usize = 4_096;
 
 tokio::task_local! {
-    /// Whether the request's credential was found good (`Some(true)`) or refused
-    /// (`Some(false)`), where it is checked: a tenant key by the ledger (`App`), one handed
-    /// to the Redis engine's lease holder by the holder's answer (`crate::forward`), the
-    /// admin key before the request runs (`KeyShares::enter`).
-    static CHECKED: Cell<Option<bool>>;
+    /// Whether the request's credential was found good, where it is checked: a tenant key
+    /// by the ledger (`App`), one handed to the Redis engine's lease holder by the holder's
+    /// success (`crate::forward`), the admin key before the request runs
+    /// (`KeyShares::enter`). A refusal is not noted: a 401 may also refuse a good tenant key
+    /// an admin-only operation, and a key revoked since keeps its share only until its
+    /// shard is full.
+    static ACCEPTED: Cell<bool>;
 }
 
-/// Notes what the request's credential was found to be (nothing outside a request).
-pub fn credential_checked(accepted: bool) {
-    let _ = CHECKED.try_with(|checked| checked.set(Some(accepted)));
+/// Notes that the request's credential was found good (nothing outside a request).
+pub fn credential_accepted() {
+    let _ = ACCEPTED.try_with(|accepted| accepted.set(true));
 }
 
 /// Requests in flight per credential. A credential's entry exists only while it has
@@ -255,7 +257,7 @@ impl KeyShares {
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|v| admin.verify(v));
             if is_admin {
-                self.learn(key, true);
+                self.accept(key);
             }
         }
         let who = match key {
@@ -280,19 +282,13 @@ impl KeyShares {
         shard.accepted.contains(&key)
     }
 
-    fn learn(&self, key: u64, accepted: bool) {
+    fn accept(&self, key: u64) {
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        match accepted {
-            true if !shard.accepted.contains(&key) => {
-                if shard.accepted.len() >= ACCEPTED_PER_SHARD {
-                    shard.accepted.clear();
-                }
-                shard.accepted.insert(key);
+        if !shard.accepted.contains(&key) {
+            if shard.accepted.len() >= ACCEPTED_PER_SHARD {
+                shard.accepted.clear();
             }
-            true => {}
-            false => {
-                shard.accepted.remove(&key);
-            }
+            shard.accepted.insert(key);
         }
     }
 }
@@ -305,17 +301,17 @@ pub struct Share<'a> {
 }
 
 impl Share<'_> {
-    /// Runs the request; what it found its credential to be is remembered for the
-    /// credential's next requests.
+    /// Runs the request; a credential it found good has a share of its own from the next
+    /// request on.
     pub async fn run<F: Future<Output = R>, R>(&self, request: F) -> R {
-        let (answer, checked) = CHECKED
-            .scope(Cell::new(None), async {
+        let (answer, accepted) = ACCEPTED
+            .scope(Cell::new(false), async {
                 let answer = request.await;
-                (answer, CHECKED.with(Cell::get))
+                (answer, ACCEPTED.with(Cell::get))
             })
             .await;
-        if let (Some(key), Some(accepted)) = (self.key, checked) {
-            self.shares.learn(key, accepted);
+        if let (Some(key), true) = (self.key, accepted) {
+            self.shares.accept(key);
         }
         answer
     }
@@ -420,12 +416,12 @@ mod tests {
         headers
     }
 
-    /// Runs a request of `share` whose credential is found `accepted`.
-    fn checked(share: &Share<'_>, accepted: bool) {
+    /// Runs a request of `share` whose credential is found good.
+    fn accepted(share: &Share<'_>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        runtime.block_on(share.run(async { credential_checked(accepted) }));
+        runtime.block_on(share.run(async { credential_accepted() }));
     }
 
     #[test]
@@ -435,7 +431,7 @@ mod tests {
         let ip = Some("10.0.0.1".parse().unwrap());
         for key in [&a, &b] {
             let share = shares.enter(key, ip, &admin()).expect("first");
-            checked(&share, true);
+            accepted(&share);
         }
         let first = shares.enter(&a, ip, &admin()).expect("first");
         let second = shares.enter(&a, ip, &admin()).expect("second");
@@ -479,23 +475,19 @@ mod tests {
             shares.enter(&another, ip, &admin()).is_none(),
             "a second made-up key from the address has no share of its own"
         );
-        checked(&first, false);
         drop(first);
-        // Accepted once, a key counts as itself; refused later (revoked), as its address.
+        // Accepted once, a key counts as itself.
         let good = with(API_KEY_HEADER, "good");
         let share = shares.enter(&good, ip, &admin()).expect("good");
-        checked(&share, true);
+        accepted(&share);
         drop(share);
-        let held = shares
+        let _held = shares
             .enter(&good, ip, &admin())
             .expect("good, counted as itself");
         assert!(
             shares.enter(&another, ip, &admin()).is_some(),
             "the address has room"
         );
-        checked(&held, false);
-        drop(held);
-        assert!(!shares.is_accepted(shares.hasher.hash_one(b"good".as_slice())));
     }
 
     #[test]

@@ -209,9 +209,11 @@ impl Link {
     ) -> Result<T, LogError> {
         let timeout = self.timeout;
         let conn = self.get()?;
-        conn.set_read_timeout(timeout + wait + BLOCKED_WAIT_LATE)?;
-        let answer = cmd.query(conn.link());
-        if conn.set_read_timeout(timeout).is_err() {
+        let answer = conn
+            .set_read_timeout(timeout + wait + BLOCKED_WAIT_LATE)
+            .and_then(|()| cmd.query(conn.link()));
+        // A connection left with the long timeout (or mid-reply) is not used again.
+        if answer.is_err() || conn.set_read_timeout(timeout).is_err() {
             self.reset();
         }
         Ok(answer?)
@@ -328,7 +330,7 @@ pub enum LogError {
 /// socket's own words are "Resource temporarily unavailable").
 fn described(e: &redis::RedisError) -> String {
     match e.is_timeout() {
-        true => format!("no answer within --redis-timeout-ms ({e})"),
+        true => format!("no answer in time, see --redis-timeout-ms ({e})"),
         false => e.to_string(),
     }
 }
