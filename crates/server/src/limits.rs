@@ -246,10 +246,6 @@ impl KeyShares {
             .get(API_KEY_HEADER)
             .or_else(|| headers.get(ADMIN_KEY_HEADER))
             .map(|v| self.hasher.hash_one(v.as_bytes()));
-        let address = match peer {
-            Some(ip) => self.hasher.hash_one(ip),
-            None => self.hasher.hash_one(()),
-        };
         if let Some(key) = key {
             let is_admin = !headers.contains_key(API_KEY_HEADER)
                 && headers
@@ -260,9 +256,10 @@ impl KeyShares {
                 self.accept(key);
             }
         }
-        let who = match key {
-            Some(key) if self.is_accepted(key) => key,
-            _ => address,
+        // A key accepted already counts as itself and has nothing left to learn.
+        let (who, key) = match key {
+            Some(key) if self.is_accepted(key) => (key, None),
+            key => (self.hasher.hash_one(peer), key),
         };
         let mut shard = self.shard(who).lock().unwrap_or_else(|e| e.into_inner());
         let count = shard.in_flight.entry(who).or_insert(0);
@@ -297,6 +294,7 @@ impl KeyShares {
 pub struct Share<'a> {
     shares: &'a KeyShares,
     who: u64,
+    /// The presented key, while it is not accepted yet.
     key: Option<u64>,
 }
 
