@@ -1,14 +1,16 @@
 //! Request bodies, parsed and validated by `protocol` through [`App::validated`]: when a
 //! body is refused, the caller's credentials are checked first, so 401 beats 400.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
-use axum::http::header::CONTENT_LENGTH;
-use axum::http::HeaderMap;
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use http_body::Body as _;
 use ledger::Actor;
 use ledger::{BulkResult, Idempotent, Operation};
 use protocol::bulk::{BulkActionResponse, BulkRequest};
@@ -114,13 +116,54 @@ where
     ))
 }
 
-/// Whether the request declares a body over the size limit (`Content-Length`): it is
-/// refused before a byte of it is awaited, as the same body read whole would be.
-pub fn declared_too_large(headers: &HeaderMap) -> bool {
+/// The declared length of the request's body (`Content-Length`), if it has one.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-        .is_some_and(|length| length > MAX_BODY_BYTES as u64)
+}
+
+/// Whether the request declares a body over the size limit: it is refused before a byte of
+/// it is awaited, as the same body read whole would be.
+pub fn declared_too_large(headers: &HeaderMap) -> bool {
+    declared_length(headers).is_some_and(|length| length > MAX_BODY_BYTES as u64)
+}
+
+/// The most of a refused request's body that is read and thrown away.
+const DISCARDED_AT_MOST: u64 = 8 * 1024 * 1024;
+
+/// Answers a request refused before its body was read, and closes its connection after
+/// the answer (`Connection: close`): the unread body would otherwise be read as the next
+/// request, and a client that pooled the connection would find it closed under its next
+/// request.
+///
+/// A client still sending the body reads the answer only if the connection is not closed
+/// under it (a close with unread data resets the connection, and the answer with it), so
+/// the body is read and discarded in the background, up to [`DISCARDED_AT_MOST`] and within
+/// the body timeout. Not when the client waits for `100 Continue`: it sends nothing, and
+/// reading would invite it to.
+pub fn refused_unread(request: Request, mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    let headers = request.headers();
+    let waits_for_continue = headers
+        .get(EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let drainable = declared_length(headers).is_none_or(|length| length <= DISCARDED_AT_MOST);
+    if drainable && !waits_for_continue {
+        let mut body = request.into_body();
+        tokio::spawn(async move {
+            let mut read = 0;
+            while read <= DISCARDED_AT_MOST {
+                match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                    Some(Ok(frame)) => read += frame.data_ref().map_or(0, Bytes::len) as u64,
+                    _ => break,
+                }
+            }
+        });
+    }
+    response
 }
 
 /// A request's body, read whole, with the failures a client can cause answered as such: a

@@ -87,7 +87,8 @@ async fn every_request(State(app): State<Arc<App>>, mut request: Request, next: 
         Ok(()) => None,
     };
     if let Some(refused) = refused {
-        return correlation::finish(Failure::from(refused).into_response(), correlation);
+        let response = correlation::finish(Failure::from(refused).into_response(), correlation);
+        return body::refused_unread(request, response);
     }
     if let Some(forwarder) = app.forwarder() {
         forwarder.accept(&mut request, &mut correlation);

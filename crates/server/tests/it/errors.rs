@@ -767,12 +767,15 @@ async fn inclusive_limits_are_accepted(engine: Engine) {
 async fn oversized_body_is_rejected(engine: Engine) {
     let s = TestServer::start(engine).await;
     let key = acme(&s).await;
-    let mut body = reserve_base("big");
-    body["metadata"] = json!({"blob": "x".repeat(300 * 1024)});
-    let cases = whole(
-        "/v1/reservations",
-        vec![(raw(body.to_string().as_bytes()), "")],
-    );
+    // Refused from its declared length while the client still sends it, each followed on
+    // the same pooled client by a request that must find a connection that works.
+    let sizes = [300 * 1024, 2 * 1024 * 1024].repeat(8);
+    let bodies = sizes.iter().map(|size| {
+        let mut body = reserve_base("big");
+        body["metadata"] = json!({"blob": "x".repeat(*size)});
+        (raw(body.to_string().as_bytes()), "")
+    });
+    let cases = whole("/v1/reservations", bodies.collect());
     assert_all_rejected(&s, &key, cases).await;
     // Just under the limit is accepted.
     let mut body = reserve_base("almost");
