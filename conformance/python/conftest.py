@@ -185,6 +185,17 @@ def _bodies_match_the_spec() -> Iterator[None]:
 # ── the server ────────────────────────────────────────────────────────────────────────────────
 
 
+def ledger(allocated: int, spent: int = 0, reserved: int = 0, debt: int = 0) -> dict[str, int]:
+    """A budget's amounts as `Server.amounts` reads them."""
+    return {
+        "allocated": allocated,
+        "spent": spent,
+        "reserved": reserved,
+        "remaining": allocated - spent - reserved - debt,
+        "debt": debt,
+    }
+
+
 @dataclass
 class Server:
     base_url: str

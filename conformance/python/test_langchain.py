@@ -20,7 +20,7 @@ from langchain_core.tools import tool
 from langchain_runcycles import CyclesFanOutGate, CyclesModelGate, CyclesToolGate
 from runcycles import Action, Amount, Subject, Unit
 
-from conftest import Tenant
+from conftest import Tenant, ledger
 
 MODEL_ESTIMATE = 1_000
 TOOL_ESTIMATE = 500
@@ -150,13 +150,7 @@ def test_a_model_call_over_budget_ends_the_run_and_charges_nothing(make_tenant: 
     refused = tenant.traffic.find("POST", "/v1/reservations")
     assert [(x.status, x.body["error"]) for x in refused] == [(409, "BUDGET_EXCEEDED")]
     assert statuses(tenant, "POST", "/v1/reservations/[^/]+/commit") == []
-    assert tenant.amounts() == {
-        "allocated": MODEL_ESTIMATE - 1,
-        "spent": 0,
-        "reserved": 0,
-        "remaining": MODEL_ESTIMATE - 1,
-        "debt": 0,
-    }
+    assert tenant.amounts() == ledger(MODEL_ESTIMATE - 1)
 
 
 def test_a_tool_call_over_budget_is_refused_to_the_model_which_goes_on(

@@ -28,6 +28,8 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from runcycles import AsyncCyclesClient, BudgetExceededError, Unit
 from runcycles_openai_agents import CyclesRunHooks, ToolEstimateConfig, cycles_budget_guardrail
 
+from conftest import ledger
+
 if TYPE_CHECKING:
     from conftest import Tenant
 
@@ -135,16 +137,6 @@ def run_async(t: Tenant, body: Callable[[AsyncCyclesClient], Awaitable[T]]) -> T
 def hooks_for(t: Tenant, client: AsyncCyclesClient, **kw: Any) -> CyclesRunHooks[Any]:
     kw.setdefault("llm_estimate", LLM_ESTIMATE)
     return CyclesRunHooks(client=client, tenant=t.id, app="conformance", **kw)
-
-
-def ledger(allocated: int, spent: int = 0, reserved: int = 0, debt: int = 0) -> dict[str, int]:
-    return {
-        "allocated": allocated,
-        "spent": spent,
-        "reserved": reserved,
-        "remaining": allocated - spent - reserved - debt,
-        "debt": debt,
-    }
 
 
 def cycles_calls(t: Tenant) -> list[tuple[str, str, int]]:

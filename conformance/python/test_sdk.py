@@ -34,6 +34,8 @@ from runcycles import (
     get_cycles_context,
 )
 
+from conftest import ledger
+
 if TYPE_CHECKING:
     from conftest import Tenant
 
@@ -47,16 +49,6 @@ def usd(amount: int) -> Amount:
 
 def new_key() -> str:
     return str(uuid.uuid4())
-
-
-def ledger(allocated: int, spent: int = 0, reserved: int = 0, debt: int = 0) -> dict[str, int]:
-    return {
-        "allocated": allocated,
-        "spent": spent,
-        "reserved": reserved,
-        "remaining": allocated - spent - reserved - debt,
-        "debt": debt,
-    }
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
