@@ -500,6 +500,73 @@ async fn a_predecessors_lapsing_lease_is_waited_for_without_refusals() {
     next.terminate().await;
 }
 
+/// An instance whose append failed reads the ledger again before it serves, and does not
+/// wait for its history cache to write what it was handed first: under load that writer
+/// is behind, and every request waited (up to five seconds) behind the reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reload_after_a_failed_append_does_not_wait_for_the_history() {
+    if !redis_here() {
+        return;
+    }
+    let rig = rig("200").await;
+    let base = rig.server.base.clone();
+    let key = provision_tenant(&base, 1_000_000).await;
+    let http = client();
+    // The history cache's writer is held up: another connection holds its write lock.
+    let path = rig.dir.path().join("data/redis-history/history.sqlite");
+    let history = rusqlite::Connection::open(path).expect("open history");
+    history
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("lock history");
+    // An audited write, whose entry waits for the writer.
+    let other = json!({"tenant_id": "other", "name": "other"});
+    let (s, r) = call(&http, &base, "/v1/admin/tenants", None, Some(other)).await;
+    assert_eq!(s, 201, "{r}");
+    // A reserve (the lease renewed), then one whose append Redis holds past the timeout:
+    // writes are paused, reads (the idle writer's look at its lease) are not.
+    let (s, r) = reserve(&http, &base, &key, "before").await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(
+        rig.redis.cli(&["client", "pause", "600", "WRITE"]).trim(),
+        "OK"
+    );
+    let paused = Instant::now();
+    let (s, r) = reserve(&http, &base, &key, "during").await;
+    assert_eq!(s, 503, "{r}");
+    tokio::time::sleep(Duration::from_millis(600).saturating_sub(paused.elapsed())).await;
+    let awake = Instant::now();
+    let served = loop {
+        let (s, r) = reserve(&http, &base, &key, "after").await;
+        if s == 200 {
+            break awake.elapsed();
+        }
+        assert_eq!(s, 503, "{r}");
+        assert!(
+            awake.elapsed() < Duration::from_secs(15),
+            "never served again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        served < Duration::from_millis(2_500),
+        "served again {served:?} after Redis answered"
+    );
+    assert!(metric(&base, "cycles_redis_reloads_total").await >= 1);
+    // Released, the writer writes the entry it was handed, once.
+    history.execute_batch("ROLLBACK").expect("unlock history");
+    let (s, r) = call(
+        &http,
+        &base,
+        "/v1/admin/audit/logs?tenant_id=other",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let created = r["logs"].as_array().expect("logs").len();
+    assert_eq!(created, 1, "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flushed_redis_is_never_served() {
     if !redis_here() {

@@ -242,6 +242,8 @@ pub struct Projector {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Set by [`Projector::shutdown`]: a write that fails then is given up, not retried.
     stopping: Arc<AtomicBool>,
+    /// The last record whose entries were handed over ([`Projector::project`]).
+    handed: AtomicU64,
 }
 
 /// Batches the writer may fall behind by before the syncer waits for it (backpressure, so a
@@ -279,6 +281,7 @@ impl Projector {
             progress,
             thread: Mutex::new(Some(thread)),
             stopping,
+            handed: AtomicU64::new(0),
         })
     }
 
@@ -332,7 +335,16 @@ impl Projector {
 
     /// Hands over the entries of records up to `upto` (already durable in the journal).
     pub fn project(&self, upto: u64, entries: Entries) {
+        self.handed.fetch_max(upto, Ordering::AcqRel);
         self.send(Work::Append { upto, entries });
+    }
+
+    /// The last record whose entries the history store holds or was handed (and writes,
+    /// unless the process stops first): what a reading of the journal need not hand it
+    /// again.
+    pub fn handed_seq(&self) -> u64 {
+        let held = self.history.held_seq().unwrap_or(0);
+        held.max(self.handed.load(Ordering::Acquire))
     }
 
     /// Runs retention now (it also runs hourly); returns once it has run (the writer counts

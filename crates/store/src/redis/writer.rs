@@ -203,7 +203,7 @@ impl Shared {
         vec![
             m("cycles_store_commands_total", "Commands applied to the ledger.", true, get(&c.commands)),
             m("cycles_redis_rounds_total", "Rounds of records appended to the ledger's log in Redis (one script each).", true, get(&c.rounds)),
-            m("cycles_redis_rounds_alone_total", "Rounds a request alone in the server ran on its own thread instead of the writer's (the lease held, nothing queued).", true, get(&c.rounds_alone)),
+            m("cycles_redis_rounds_alone_total", "Rounds a request alone in the server ran on its own thread instead of the writer's (the lease held, nothing queued), a read's included: not a subset of cycles_redis_rounds_total.", true, get(&c.rounds_alone)),
             m("cycles_redis_append_microseconds_total", "Time spent appending rounds to the log (each one script's round trip): over cycles_redis_rounds_total, the mean append.", true, get(&c.append_micros)),
             m("cycles_redis_log_bytes_total", "Bytes of records appended to the ledger's log.", true, get(&c.log_bytes)),
             m("cycles_redis_records_read_total", "Records other instances appended, read from the log.", true, get(&c.records_read)),
@@ -354,6 +354,9 @@ pub struct Writer {
     /// Whether `state` is the log's up to `applied` (false after a failed append, until
     /// it is read again).
     loaded: bool,
+    /// Whether the history keeps its index of reserve keys, as last set (see
+    /// `State::archived_keys_need_key_index`).
+    key_index: Option<bool>,
     /// Until when the lease is this instance's, by its own clock (a margin before Redis
     /// lets it go).
     lease_until: Option<Instant>,
@@ -430,6 +433,7 @@ impl Writer {
             clock_offset: 0,
             marker: None,
             loaded: false,
+            key_index: None,
             lease_until: None,
             held_since: Instant::now(),
             broken: None,
@@ -559,10 +563,10 @@ impl Writer {
     /// history store what it lacks; answers the log's records read.
     fn load_state(&mut self) -> Result<u64, LogError> {
         let projector = &self.shared.projector;
-        projector
-            .progress()
-            .wait_caught_up(crate::history::CATCH_UP);
-        let held = projector.history().held_seq().unwrap_or(0);
+        // What the history was handed is not handed again, written or not: a reload after
+        // a failed append does not wait for a history writer that load left behind (it
+        // waited up to `CATCH_UP`, with every request queued behind it).
+        let held = projector.handed_seq();
         // Loading moves a snapshot's parts and pages of history: its commands get longer
         // than serving's.
         let conn = &mut self.link.separate(self.timeout.max(LOAD_TIMEOUT))?;
@@ -595,8 +599,11 @@ impl Writer {
         let records = replay.finish(last);
         if held > last {
             // Rounds this instance applied are gone from Redis (it lost acknowledged
-            // writes): their history goes too, as the embedded engine cuts a history store
-            // found ahead of its journal.
+            // writes): their history goes too, once written, as the embedded engine cuts a
+            // history store found ahead of its journal.
+            projector
+                .progress()
+                .wait_caught_up(crate::history::CATCH_UP);
             let trimmed = projector.history().trim_after(last).unwrap_or(0);
             tracing::error!(
                 held,
@@ -605,12 +612,16 @@ impl Writer {
                 "the history this instance keeps was ahead of the ledger's log in Redis"
             );
         }
-        if let Err(e) = projector
-            .history()
-            .index_keys(state.archived_keys_need_key_index())
-        {
-            // Lookups by key still answer without it (by a scan), only slower.
-            tracing::warn!(error = %e, "the history's index of reserve keys was not changed");
+        // Set when the need changes only: a reload does not wait for the history's writer.
+        let key_index = state.archived_keys_need_key_index();
+        if self.key_index != Some(key_index) {
+            match projector.history().index_keys(key_index) {
+                Ok(()) => self.key_index = Some(key_index),
+                // Lookups by key still answer without it (by a scan), only slower.
+                Err(e) => {
+                    tracing::warn!(error = %e, "the history's index of reserve keys was not changed")
+                }
+            }
         }
         self.state = state;
         self.applied = last;
