@@ -120,7 +120,8 @@ impl ReservationTtlOverride {
     }
 }
 
-/// `RateLimits` (recorded; not enforced by this server).
+/// `RateLimits`: counted per clock minute for the scopes the policy matches; a reserve or
+/// commit over them is refused 429 with `Retry-After`.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = RateLimits)]

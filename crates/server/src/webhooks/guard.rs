@@ -57,7 +57,11 @@ pub async fn check_url(url: &str, config: &WebhookSecurity) -> Result<Url, Strin
     match parsed.scheme() {
         "https" => {}
         "http" if config.allow_http => {}
-        "http" => return Err("HTTPS is required (allow_http is off)".into()),
+        "http" => {
+            return Err(
+                "HTTPS is required: allow_http is off in /v1/admin/config/webhook-security".into(),
+            )
+        }
         other => return Err(format!("scheme {other} is not http or https")),
     }
     let host = parsed.host_str().ok_or("no host")?.to_string();
