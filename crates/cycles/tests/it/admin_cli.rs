@@ -231,3 +231,26 @@ async fn admin_lists_update_and_overview() {
     assert!(stderr.is_empty(), "{stderr}");
     server.terminate().await;
 }
+
+/// A first start generates the admin key and shows it once; a first start that fails after
+/// storing it (a bad flag found later) shows it with the failure, since later starts only
+/// say where it is.
+#[test]
+fn a_generated_admin_key_is_shown_when_the_first_start_fails() {
+    let dir = TempDir::new().expect("temp dir");
+    let data = dir.path().join("data");
+    let output = Command::new(env!("CARGO_BIN_EXE_cycles"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--webhook-keys", "abc"])
+        .arg("--data-dir")
+        .arg(&data)
+        .env_remove("CYCLES_ADMIN_API_KEY")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run cycles serve");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("a key is 64 hex characters"), "{stderr}");
+    let stored = std::fs::read_to_string(data.join("admin.key")).expect("stored key");
+    let shown = format!("X-Admin-API-Key: {}", stored.trim());
+    assert!(stderr.contains(&shown), "{stderr}");
+}
