@@ -347,6 +347,12 @@ impl Projector {
         held.max(self.handed.load(Ordering::Acquire))
     }
 
+    /// After the history was cut back to `last` (the journal lost what followed): records
+    /// numbered after it are new ones, handed over when they come.
+    pub fn handed_back_to(&self, last: u64) {
+        self.handed.fetch_min(last, Ordering::AcqRel);
+    }
+
     /// Runs retention now (it also runs hourly); returns once it has run (the writer counts
     /// the work written only after running it).
     pub fn expire_now(&self) {

@@ -605,6 +605,7 @@ impl Writer {
                 .progress()
                 .wait_caught_up(crate::history::CATCH_UP);
             let trimmed = projector.history().trim_after(last).unwrap_or(0);
+            projector.handed_back_to(last);
             tracing::error!(
                 held,
                 log = last,
