@@ -17,6 +17,7 @@ use protocol::runtime::{
 };
 use protocol::{parse_query, Plane, Validate};
 use serde::de::DeserializeOwned;
+use serde_json::Map;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -159,7 +160,15 @@ pub async fn commit(State(app): State<Arc<App>>, request: OnReservation) -> Answ
 )]
 pub async fn release(State(app): State<Arc<App>>, request: OnReservation) -> Answer {
     let actor = auth::admin_or_tenant(app.admin_key(), &request.headers)?;
-    let ran = request.run(&app, actor, ReleaseRequest::into_command).await;
+    let ran = request
+        .run(&app, actor, |body: ReleaseRequest, actor, id| {
+            // An operator's release is audited with its reason, as the reference's is (a
+            // tenant's is not audited: this notes nothing then).
+            let reason = body.reason.clone().unwrap_or_default();
+            crate::audit::annotate(Map::from_iter([("reason".into(), reason.into())]), None);
+            body.into_command(actor, id)
+        })
+        .await;
     app.note_settled(&ran);
     let (released, tenant) = ran?;
     let response = ReleaseResponse::from(&*released.result);

@@ -524,6 +524,10 @@ async fn admin_release_is_audited_and_reads_are_not(engine: Engine) {
         "admin_on_behalf_of",
     );
     assert_eq!(e["metadata"]["released"], 10, "{e}");
+    assert_eq!(
+        e["metadata"]["reason"], "[INCIDENT_FORCE_RELEASE] stuck",
+        "{e}"
+    );
     // The tenant's own reserve and release, and reads of every kind: no entry.
     let r = s
         .post("/v1/reservations", As::Key(&key), reserve("r2"))
