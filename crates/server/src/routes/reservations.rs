@@ -163,9 +163,11 @@ pub async fn release(State(app): State<Arc<App>>, request: OnReservation) -> Ans
     let ran = request
         .run(&app, actor, |body: ReleaseRequest, actor, id| {
             // An operator's release is audited with its reason, as the reference's is (a
-            // tenant's is not audited: this notes nothing then).
-            let reason = body.reason.clone().unwrap_or_default();
-            crate::audit::annotate(Map::from_iter([("reason".into(), reason.into())]), None);
+            // tenant's is not audited, and builds nothing here).
+            if actor == Actor::Admin {
+                let reason = body.reason.clone().unwrap_or_default();
+                crate::audit::annotate(Map::from_iter([("reason".into(), reason.into())]), None);
+            }
             body.into_command(actor, id)
         })
         .await;
